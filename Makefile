@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 ## Run the example ML pipeline end to end on the local backend and print what happened.
 demo: $(STAMP)
-	@$(BIN)/python -m gpu_provider.demo --backend $(BACKEND)
+	@$(BIN)/python scripts/demo.py --backend $(BACKEND)
 
 ## Run the whole test suite.
 test: $(STAMP)

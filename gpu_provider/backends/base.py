@@ -204,6 +204,8 @@ class Backend(ABC):
 
     #: the registered name, e.g. ``"local"``
     name: ClassVar[str]
+    #: seconds between status checks unless the task or ``[gpu_provider] poll_interval`` says otherwise
+    default_poll_interval: ClassVar[float] = 30.0
 
     @abstractmethod
     def options(self) -> dict[str, Any]:
@@ -315,6 +317,8 @@ def resolve_backend(value: Backend | str | Mapping[str, Any] | None) -> Backend:
 
     Accepts a backend object, a registered name, ``None`` (the default, ``local``), or a mapping
     ``{"name": "local", "simulate_preemptions": [8]}`` whose other keys are the backend's options.
+    An option whose value is ``None`` or an empty string (a template that rendered to nothing) is
+    treated as not given, so one templated mapping can serve several backends.
     """
     if value is None or value == "":
         value = DEFAULT_BACKEND
@@ -323,7 +327,7 @@ def resolve_backend(value: Backend | str | Mapping[str, Any] | None) -> Backend:
     if isinstance(value, str):
         return backend_class(value.strip()).from_options()
     if isinstance(value, Mapping):
-        options = dict(value)
+        options = {k: v for k, v in value.items() if v is not None and not (isinstance(v, str) and not v.strip())}
         name = options.pop("name", None)
         if not isinstance(name, str) or not name:
             raise ValueError(f"backend={dict(value)!r}: a backend mapping needs a 'name' key naming the backend")

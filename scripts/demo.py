@@ -1,0 +1,170 @@
+"""`make demo`: run the example pipeline end to end on the local backend and say what happened.
+
+It uses a fresh, temporary Airflow home under ``.demo/`` (SQLite metadata DB), runs
+``dags/gpu_ml_pipeline.py`` with ``dag.test()`` with one simulated spot interruption during
+training, shows the key moments as they happen, and ends with a summary per stage read from the
+tasks' XCom results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / ".demo"
+STAGES = ("preprocess", "train", "batch_inference")
+
+# Lines of the Airflow log worth showing live (the rest goes to .demo/airflow.log).
+_SHOW = re.compile(
+    r"Submitted \w+ job|Reattaching|ended PREEMPTED|ended FAILED|SUCCEEDED after|resubmitting on|"
+    r"\[job\].*(resumed from|starting from step|stop requested|final|accuracy|rows)",
+    re.IGNORECASE,
+)
+_TS_PREFIX = re.compile(r"^.*?(?=(Submitted|Reattaching|\[job\]|\w+ job gp-))")
+_SUFFIX = re.compile(r"(; env keys:.*|\s+\[airflow\.[^\]]*\].*)$")
+
+
+def _environment(backend: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "AIRFLOW_HOME": str(DEMO / "airflow-home"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(DEMO / "local-jobs"),
+            "GPU_PIPELINE_DATA_ROOT": "file://" + str(DEMO / "data"),
+            "GPU_DEMO_BACKEND": backend,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def _run_child(env: dict[str, str], log_path: Path) -> int:
+    """Run the DAG in a child process (Airflow reads its config at import), echoing key lines."""
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--child"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if _SHOW.search(line):
+                print("  " + _SUFFIX.sub("", _TS_PREFIX.sub("", line.rstrip()))[:400], flush=True)
+        return proc.wait()
+
+
+def _child() -> None:
+    """Inside the child: migrate the DB, create the team pool, run the DAG, dump the XComs."""
+    from airflow.utils.db import initdb  # noqa: F401  (fails early if Airflow is broken)
+
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, stdout=subprocess.DEVNULL)
+
+    from airflow.models.pool import Pool
+    from airflow.models.xcom import XComModel
+    from airflow.sdk import timezone
+    from airflow.utils.session import create_session
+
+    Pool.create_or_update_pool("gpu_research", slots=8, description="GPUs of team research", include_deferred=True)
+
+    sys.path.insert(0, str(REPO / "dags"))
+    import gpu_ml_pipeline
+
+    backend = os.environ["GPU_DEMO_BACKEND"]
+    conf = {
+        "preprocess_backend": backend,
+        "train_backend": backend,
+        "infer_backend": backend,
+        "epochs": 4,
+        "step_delay": 0.05,
+        "simulate_preemption_after": "4",
+    }
+    dr = gpu_ml_pipeline.dag.test(logical_date=timezone.utcnow(), run_conf=conf)
+    results: dict[str, Any] = {"state": str(dr.state), "run_id": dr.run_id, "stages": {}}
+    with create_session() as session:
+        for ti in dr.get_task_instances(session=session):
+            row = (
+                session.query(XComModel)
+                .filter_by(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, key="return_value")
+                .one_or_none()
+            )
+            value = XComModel.deserialize_value(row) if row is not None else None
+            results["stages"][ti.task_id] = {"state": str(ti.state), "try_number": ti.try_number, "result": value}
+    (DEMO / "result.json").write_text(json.dumps(results, indent=2, default=str))
+
+
+def _step(uri: str | None) -> str:
+    if not uri:
+        return "step 0 (fresh start)"
+    match = re.search(r"ckpt-(\d+)", uri)
+    return f"checkpoint step {int(match.group(1))}" if match else uri
+
+
+def _summary(results: dict[str, Any]) -> bool:
+    print()
+    print(f"Pipeline run {results['run_id']}: {results['state']}")
+    ok = True
+    for stage in STAGES:
+        info = results["stages"].get(stage)
+        if info is None:
+            print(f"\n  {stage}: did not run")
+            ok = False
+            continue
+        result = info["result"] or {}
+        print(f"\n  {stage}: {info['state']} (Airflow try {info['try_number']})")
+        if not result:
+            ok = False
+            continue
+        for a in result["attempts"]:
+            reason = f" - {a['reason']}" if a.get("reason") else ""
+            print(
+                f"    attempt {a['attempt']}: {a['capacity']:<9} {a['state']:<9} "
+                f"resumed from {_step(a.get('resume_from'))}; {a['gpu_seconds']:.1f} GPU-s{reason}"
+            )
+        print(f"    GPU-seconds: {result['gpu_seconds']:.1f}   output: {result.get('output_uri')}")
+        ok = ok and info["state"].endswith("success")
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--backend", default="local")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child()
+        return 0
+    if args.backend != "local":
+        print(f"make demo BACKEND={args.backend}: only the local backend exists in this version.", file=sys.stderr)
+        return 2
+    shutil.rmtree(DEMO, ignore_errors=True)
+    DEMO.mkdir(parents=True)
+    log_path = DEMO / "airflow.log"
+    print("airflow-provider-gpu demo: gpu_ml_pipeline on the local backend")
+    print("  preprocess -> train (2 nodes, spot with on-demand fallback, one simulated interruption) -> inference")
+    print(f"  Airflow home and data under {DEMO.relative_to(REPO)}/, full log in {log_path.relative_to(REPO)}\n")
+    started = time.monotonic()
+    rc = _run_child(_environment(args.backend), log_path)
+    result_file = DEMO / "result.json"
+    if rc != 0 or not result_file.exists():
+        print(f"\nThe demo failed (exit {rc}); last lines of {log_path}:", file=sys.stderr)
+        print("".join(log_path.read_text().splitlines(keepends=True)[-40:]), file=sys.stderr)
+        return 1
+    ok = _summary(json.loads(result_file.read_text()))
+    print(f"\nDone in {time.monotonic() - started:.0f}s.")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    threading.current_thread().name = "demo"
+    sys.exit(main())

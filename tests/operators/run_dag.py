@@ -1,0 +1,45 @@
+"""Run one DAG with ``dag.test()`` in this process and dump what happened as JSON.
+
+Used by the operator tests as a child process (so a test can SIGKILL or SIGTERM the "worker").
+Usage: run_dag.py DAG_FILE DAG_ID LOGICAL_DATE CONF_JSON OUT_JSON
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    dag_file, dag_id, logical_date, conf, out = sys.argv[1:6]
+    spec = importlib.util.spec_from_file_location(Path(dag_file).stem, dag_file)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from airflow.models.xcom import XComModel
+    from airflow.sdk import DAG
+    from airflow.utils.session import create_session
+    import pendulum
+
+    dag = next(v for v in vars(module).values() if isinstance(v, DAG) and v.dag_id == dag_id)
+    dr = dag.test(logical_date=pendulum.parse(logical_date), run_conf=json.loads(conf))
+    result: dict[str, object] = {"state": str(dr.state), "run_id": dr.run_id, "tasks": {}}
+    with create_session() as session:
+        for ti in dr.get_task_instances(session=session):
+            row = (
+                session.query(XComModel)
+                .filter_by(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, key="return_value")
+                .one_or_none()
+            )
+            result["tasks"][ti.task_id] = {  # type: ignore[index]
+                "state": str(ti.state),
+                "try_number": ti.try_number,
+                "xcom": XComModel.deserialize_value(row) if row is not None else None,
+            }
+    Path(out).write_text(json.dumps(result, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""GpuJobOperator end to end: real Airflow (dag.test in a child process), real local jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_provider import GpuResources
+from gpu_provider.operators import GpuJobOperator
+
+from .conftest import REPO, Harness, pid_alive, wait_for
+
+
+def _pids(pid_dir: Path) -> dict[str, int]:
+    return {p.stem: int(p.read_text()) for p in pid_dir.glob("*.pid") if p.read_text().strip()}
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferrable"])
+def test_spot_fallback_resumes_on_demand_after_a_preemption(harness: Harness, deferrable: bool) -> None:
+    dag_id = f"fallback_{'def' if deferrable else 'sync'}"
+    out, ckpt = harness.tmp / "out", harness.tmp / "ckpt"
+    dag = harness.write_dag(
+        dag_id,
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}, simulate_preemptions=[1.0], grace_period=2),
+            command={harness.toy_command(str(out), 12, 0.15)},
+            capacity=SpotFallback(after_preemptions=1, backoff=0),
+            checkpoint="file://{ckpt}",
+            deferrable={deferrable},
+            poll_interval=0.3,
+        )
+        """,
+    )
+    run = harness.run(dag, dag_id)
+    task = run.task()
+    assert task["state"] == "success", run.log[-3000:]
+    result = task["xcom"]
+    first, second = result["attempts"]
+    assert (first["capacity"], first["state"]) == ("spot", "PREEMPTED")
+    assert "simulated spot interruption" in first["reason"]
+    assert first["resume_from"] is None
+    assert (second["capacity"], second["state"]) == ("on-demand", "SUCCEEDED")
+    assert "ckpt-" in second["resume_from"]
+    assert result["interruptions"] == 1
+    assert result["job_id"] == second["job_id"]
+    assert result["gpu_seconds"] > 0
+    assert result["output_uri"] == f"file://{out}"
+    assert "Treated as a spot interruption; resubmitting on on-demand (attempt 2" in run.log
+    history = json.loads((out / "result.json").read_text())["history"]
+    resumed_step = int(second["resume_from"].rsplit("ckpt-", 1)[1])
+    assert history[1] == {"attempt": 2, "capacity": "on-demand", "start": resumed_step}
+    assert resumed_step > 0, "the second attempt must continue from the checkpoint, not from step 0"
+
+
+def test_exact_resume_two_interruptions_give_the_bit_identical_model(harness: Harness) -> None:
+    data = harness.tmp / "data"
+    subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "preprocess.py"), "--start", "2026-01-05", "--end", "2026-01-12",
+         "--out", f"file://{data}"],
+        check=True,
+        capture_output=True,
+    )
+
+    def train_dag(dag_id: str, backend: str, capacity: str) -> Path:
+        command = [sys.executable, str(REPO / "jobs" / "train.py"), "--data", f"file://{data}",
+                   "--out", f"file://{harness.tmp / dag_id / 'model'}", "--epochs", "3", "--step-delay", "0.04",
+                   "--checkpoint-every", "10"]
+        return harness.write_dag(
+            dag_id,
+            f"""
+            GpuJobOperator(
+                task_id="job",
+                backend={backend},
+                command={command!r},
+                resources=GpuResources(gpus=1, nodes=2),
+                capacity={capacity},
+                checkpoint="file://{harness.tmp / dag_id / 'ckpt'}",
+                poll_interval=0.3,
+                deferrable=True,
+            )
+            """,
+        )
+
+    plain = harness.run(
+        train_dag("exact_plain", f"LocalBackend(state_dir={str(harness.state_dir)!r})", "'on_demand'"), "exact_plain"
+    )
+    interrupted = harness.run(
+        train_dag(
+            "exact_interrupted",
+            f"LocalBackend(state_dir={str(harness.state_dir)!r}, simulate_preemptions=[2.0, 2.0], grace_period=3)",
+            "Spot(backoff=0)",
+        ),
+        "exact_interrupted",
+    )
+    assert plain.task()["state"] == "success", plain.log[-3000:]
+    assert interrupted.task()["state"] == "success", interrupted.log[-3000:]
+    attempts = interrupted.task()["xcom"]["attempts"]
+    assert [a["state"] for a in attempts] == ["PREEMPTED", "PREEMPTED", "SUCCEEDED"]
+    assert all(a["capacity"] == "spot" for a in attempts)
+    steps = [int(a["resume_from"].rsplit("ckpt-", 1)[1]) for a in attempts[1:]]
+    assert 0 < steps[0] < steps[1], steps
+    a = (harness.tmp / "exact_plain" / "model" / "model.npz").read_bytes()
+    b = (harness.tmp / "exact_interrupted" / "model" / "model.npz").read_bytes()
+    import numpy as np
+
+    with np.load(harness.tmp / "exact_plain" / "model" / "model.npz") as pa, np.load(
+        harness.tmp / "exact_interrupted" / "model" / "model.npz"
+    ) as pb:
+        assert sorted(pa.files) == sorted(pb.files)
+        for name in pa.files:
+            assert np.array_equal(pa[name], pb[name]), name
+    assert a == b
+
+
+def test_worker_sigkill_then_retry_reattaches_to_the_same_job(harness: Harness) -> None:
+    out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
+    dag = harness.write_dag(
+        "crash",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}),
+            command={harness.toy_command(str(out), 20, 0.2)},
+            env={{"PID_DIR": {str(pid_dir)!r}}},
+            checkpoint="file://{harness.tmp / 'ckpt'}",
+            poll_interval=0.3,
+            deferrable=False,
+        )
+        """,
+    )
+    worker, _, _ = harness.start(dag, "crash")
+    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the job to start")
+    os.killpg(worker.pid, signal.SIGKILL)  # the worker dies; the job must not
+    worker.wait(timeout=10)
+    assert pid_alive(job_pid), "the job must survive its worker"
+
+    run = harness.run(dag, "crash")
+    task = run.task()
+    assert task["state"] == "success", run.log[-3000:]
+    assert task["try_number"] == 2
+    assert "Reattaching to local job" in run.log
+    assert len(task["xcom"]["attempts"]) == 1, "exactly one job ran"
+    assert set(_pids(pid_dir)) == {"1-0"}, "no second job was started"
+    history = json.loads((out / "result.json").read_text())["history"]
+    assert history == [{"attempt": 1, "capacity": "on-demand", "start": 0}]
+
+
+def test_killing_a_running_task_cancels_its_job(harness: Harness) -> None:
+    out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
+    dag = harness.write_dag(
+        "kill_sync",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}, grace_period=1),
+            command={harness.toy_command(str(out), 300, 0.2)},
+            resources=GpuResources(gpus=1, nodes=2),
+            env={{"PID_DIR": {str(pid_dir)!r}}},
+            poll_interval=0.5,
+            deferrable=False,
+        )
+        """,
+    )
+    worker, _, log = harness.start(dag, "kill_sync")
+    pids = wait_for(lambda: (p := _pids(pid_dir)) and len(p) == 2 and p, 60, "both nodes to start")
+    worker.send_signal(signal.SIGTERM)  # what Airflow sends a task it kills
+    # one poll interval plus the job's grace period
+    wait_for(lambda: not any(pid_alive(p) for p in pids.values()), 0.5 + 1 + 3, "the job processes to exit")
+    worker.wait(timeout=30)
+    assert "Cancelled local job" in log.read_text()
+
+
+def test_failed_attempt_goes_to_airflow_retry_which_resumes(harness: Harness) -> None:
+    out = harness.tmp / "out"
+    dag = harness.write_dag(
+        "retry",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}),
+            command={harness.toy_command(str(out), 6, 0.05, "--fail-on-attempt", "1")},
+            checkpoint="file://{harness.tmp / 'ckpt'}",
+            retries=1,
+            retry_delay=timedelta(seconds=0),
+            poll_interval=0.3,
+        )
+        """,
+    )
+    run = harness.run(dag, "retry")
+    task = run.task()
+    assert task["state"] == "success", run.log[-3000:]
+    assert task["try_number"] == 2
+    first, second = task["xcom"]["attempts"]
+    assert first["state"] == "FAILED" and first["exit_code"] == 3 and first["try_number"] == 1
+    assert "exited with code 3" in first["reason"]
+    assert second["state"] == "SUCCEEDED" and second["try_number"] == 2
+    assert second["resume_from"].endswith("ckpt-0000000002")
+    assert "ended FAILED" in run.log and "an Airflow retry will resume it from the latest checkpoint" in run.log
+
+
+def test_interruption_budget_is_separate_and_fails_the_task_when_spent(harness: Harness) -> None:
+    out = harness.tmp / "out"
+    dag = harness.write_dag(
+        "budget",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}, simulate_preemptions=[0.8, 0.8], grace_period=1),
+            command={harness.toy_command(str(out), 100, 0.1)},
+            capacity=Spot(max_interruptions=1, backoff=0),
+            checkpoint="file://{harness.tmp / 'ckpt'}",
+            poll_interval=0.3,
+        )
+        """,
+    )
+    run = harness.run(dag, "budget")
+    assert run.task()["state"] == "failed"
+    assert "interruption budget (max_interruptions=1) is spent" in run.log
+    assert "interrupted 2 times" in run.log
+
+
+def test_job_gets_the_contract_and_a_minimal_environment(harness: Harness) -> None:
+    out = harness.tmp / "out"
+    dag = harness.write_dag(
+        "envcheck",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}),
+            command={harness.toy_command(str(out), 1, 0.0)},
+            env={{"GREETING": "hello from {{{{ dag.dag_id }}}}"}},
+            checkpoint="file://{harness.tmp / 'ckpt'}/{{{{ ti.task_id }}}}",
+            poll_interval=0.3,
+        )
+        """,
+    )
+    secrets = {
+        "AIRFLOW_CONN_WAREHOUSE": "postgres://admin:hunter2@db/prod",
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    }
+    run = harness.run(dag, "envcheck", extra_env=secrets)
+    assert run.task()["state"] == "success", run.log[-3000:]
+    env = json.loads((out / "result.json").read_text())["env"]
+    assert env["GREETING"] == "hello from envcheck"
+    assert env["GPU_PROVIDER_ATTEMPT"] == "1"
+    assert env["GPU_PROVIDER_CAPACITY"] == "on-demand"
+    assert env["GPU_PROVIDER_CHECKPOINT_URI"] == f"file://{harness.tmp / 'ckpt'}/job"
+    assert env["GPU_PROVIDER_RESUME_FROM"] == ""
+    assert (env["NNODES"], env["NODE_RANK"], env["MASTER_ADDR"]) == ("1", "0", "127.0.0.1")
+    assert int(env["MASTER_PORT"]) > 0
+    assert "CUDA_VISIBLE_DEVICES" in env
+    leaked = [k for k in env if k.startswith("AIRFLOW") or k.startswith("AWS_")]
+    assert leaked == []
+    for value in secrets.values():
+        assert value not in json.dumps(env)
+        assert value not in run.log
+
+
+def test_team_sets_pool_and_slots_and_priority_sets_absolute_weight() -> None:
+    task = GpuJobOperator(
+        task_id="t", command=["true"], team="vision", priority=50, resources=GpuResources(gpus=4, nodes=2)
+    )
+    assert (task.pool, task.pool_slots) == ("gpu_vision", 8)
+    assert task.priority_weight == 50
+    assert str(task.weight_rule).endswith("absolute")
+    shared = GpuJobOperator(task_id="s", command=["true"], team="vision", resources=GpuResources(gpus=0.5))
+    assert shared.pool_slots == 1
+    plain = GpuJobOperator(task_id="p", command=["true"])
+    assert plain.pool == "default_pool" and plain.pool_slots == 1
+    assert plain.priority_weight == 1

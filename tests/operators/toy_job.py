@@ -1,0 +1,61 @@
+"""A tiny checkpointing job for operator tests: counts to --steps, one checkpoint per step.
+
+Writes its pid to ``$PID_DIR/<attempt>-<rank>.pid``, resumes from ``GPU_PROVIDER_RESUME_FROM``,
+stops cleanly on SIGTERM (checkpoint, exit 143), can fail on chosen attempts (``--fail-on-attempt``),
+and at the end writes ``result.json`` (the steps it executed in each attempt) to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from gpu_provider.runtime import declare_output, install_stop_handler, job_env, restore_checkpoint, save_checkpoint
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--delay", type=float, default=0.1)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--fail-on-attempt", type=int, default=0)
+    args = parser.parse_args()
+    env = job_env()
+    pid_dir = os.environ.get("PID_DIR")
+    if pid_dir:
+        Path(pid_dir).mkdir(parents=True, exist_ok=True)
+        Path(pid_dir, f"{env.attempt}-{env.node_rank}.pid").write_text(str(os.getpid()))
+    stop = install_stop_handler()
+    step, history = 0, []
+    if env.resume_from:
+        state = json.loads((restore_checkpoint(env.resume_from) / "state.json").read_text())
+        step, history = state["step"], state["history"]
+        print(f"resumed from step {step}", flush=True)
+    history.append({"attempt": env.attempt, "capacity": env.capacity, "start": step})
+    print(f"attempt {env.attempt} on {env.capacity}, rank {env.node_rank}/{env.nnodes}", flush=True)
+    while step < args.steps:
+        time.sleep(args.delay)
+        step += 1
+        if env.node_rank == 0 and env.checkpoint_uri:
+            with save_checkpoint(env.checkpoint_uri, step) as folder:
+                (folder / "state.json").write_text(json.dumps({"step": step, "history": history}))
+        if args.fail_on_attempt == env.attempt and step >= 2:
+            print("failing on purpose", flush=True)
+            return 3
+        if stop.requested:
+            print(f"stop requested at step {step}", flush=True)
+            return 143
+    if env.node_rank == 0:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "result.json").write_text(json.dumps({"steps": step, "history": history, "env": dict(os.environ)}))
+        declare_output("file://" + str(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
