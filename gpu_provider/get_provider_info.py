@@ -29,6 +29,7 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "operators": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.operators.gpu_job"]}],
+        "sensors": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.sensors.checkpoint"]}],
         "triggers": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.triggers.gpu_job"]}],
         "extra-links": ["gpu_provider.links.gpu_job.GpuJobConsoleLink"],
         "config": {

@@ -1,0 +1,56 @@
+"""python -m gpu_provider.runtime.launch: normalises the rendezvous variables and execs the command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+PRINT_ENV_AND_EXIT_7 = (
+    "import json, os, sys; "
+    "names = ('NNODES', 'NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'SM_HOSTS'); "
+    "print(json.dumps({k: os.environ.get(k) for k in names})); "
+    "sys.exit(7)"
+)
+
+Runner = Callable[..., subprocess.CompletedProcess[str]]
+EnvFactory = Callable[..., dict[str, str]]
+
+
+def test_writes_the_four_variables_and_passes_the_exit_code(run_python: Runner, child_env: EnvFactory) -> None:
+    hosts = json.dumps(["algo-1", "algo-2"])
+    env = child_env(SM_HOSTS=hosts, SM_CURRENT_HOST="algo-2")
+    result = run_python(
+        ["-m", "gpu_provider.runtime.launch", "--", sys.executable, "-c", PRINT_ENV_AND_EXIT_7], env=env
+    )
+    assert result.returncode == 7, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "MASTER_ADDR": "algo-1",
+        "MASTER_PORT": "29500",
+        "SM_HOSTS": hosts,
+    }
+    assert "NNODES=2 NODE_RANK=1 MASTER_ADDR=algo-1 MASTER_PORT=29500" in result.stderr
+
+
+def test_without_a_command_prints_usage(run_python: Runner, child_env: EnvFactory) -> None:
+    result = run_python(["-m", "gpu_provider.runtime.launch", "--"], env=child_env())
+    assert result.returncode == 2
+    assert "usage: python -m gpu_provider.runtime.launch -- <command>" in result.stderr
+
+
+def test_bad_environment_fails_before_running_the_command(run_python: Runner, child_env: EnvFactory) -> None:
+    env = child_env(NODE_RANK="first")
+    result = run_python(["-m", "gpu_provider.runtime.launch", "--", sys.executable, "-c", "print('ran')"], env=env)
+    assert result.returncode == 2
+    assert "NODE_RANK='first' is not an integer" in result.stderr
+    assert "ran" not in result.stdout
+
+
+def test_unknown_command_exits_127(run_python: Runner, child_env: EnvFactory) -> None:
+    result = run_python(["-m", "gpu_provider.runtime.launch", "--", "no-such-command-gpu-provider"], env=child_env())
+    assert result.returncode == 127
+    assert "command not found: 'no-such-command-gpu-provider'" in result.stderr
