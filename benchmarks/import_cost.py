@@ -48,7 +48,13 @@ def _run(code: str) -> dict[str, object]:
 
 def _importtime_top() -> list[tuple[int, str]]:
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import airflow.sdk; from gpu_provider.operators import GpuJobOperator"],
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-c",
+            "import airflow.sdk; from gpu_provider.operators import GpuJobOperator",
+        ],
         capture_output=True,
         text=True,
         check=True,

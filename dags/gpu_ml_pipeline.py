@@ -59,7 +59,9 @@ with DAG(
             description="Seconds after start at which successive spot training attempts are interrupted, "
             "comma-separated (e.g. '4' or '4,3'); empty for none.",
         ),
-        "data_root": Param(_DATA_ROOT, type="string", title="Data root (a file:// URI; the example jobs read and write files)"),
+        "data_root": Param(
+            _DATA_ROOT, type="string", title="Data root (a file:// URI; the example jobs read and write files)"
+        ),
         "python": Param(sys.executable, type="string", title="Python interpreter of the jobs"),
         "jobs_dir": Param(str(_REPO / "jobs"), type="string", title="Folder holding the job programs"),
     },

@@ -102,7 +102,9 @@ def memory_to_mib(field_name: str, value: Any) -> int | None:
             )
         mib = float(match.group(1)) * _MEMORY_FACTOR_MIB[match.group(2)]
     else:
-        raise TypeError(f"{field_name}={value!r} ({type(value).__name__}) must be MiB as a number or a string like '16Gi'")
+        raise TypeError(
+            f"{field_name}={value!r} ({type(value).__name__}) must be MiB as a number or a string like '16Gi'"
+        )
     if math.isnan(mib) or mib <= 0:
         raise ValueError(f"{field_name}={value!r} must be a positive memory size")
     return math.ceil(mib)
@@ -189,9 +191,10 @@ def validate_resources(res: GpuResources) -> None:
             f"resources.gpus={gpus!r} with resources.nodes={nodes}: fractional GPUs are for a shared "
             "single-node job only; use whole GPUs for multi-node jobs"
         )
-    if res.gpu_type is not None:
-        if not isinstance(res.gpu_type, str) or res.gpu_type.lower() not in GPU_TYPES:
-            raise ValueError(f"resources.gpu_type={res.gpu_type!r} is not a known GPU type; allowed: {', '.join(GPU_TYPES)}")
+    if res.gpu_type is not None and (not isinstance(res.gpu_type, str) or res.gpu_type.lower() not in GPU_TYPES):
+        raise ValueError(
+            f"resources.gpu_type={res.gpu_type!r} is not a known GPU type; allowed: {', '.join(GPU_TYPES)}"
+        )
     if res.cpu is not None:
         if not _is_number(res.cpu):
             raise TypeError(f"resources.cpu={res.cpu!r} ({type(res.cpu).__name__}) must be a number of vCPUs > 0")

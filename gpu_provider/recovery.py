@@ -190,7 +190,9 @@ def resolve_capacity(value: CapacityPolicy | str | None) -> CapacityPolicy:
         key = value.strip().lower().replace("-", "_")
         if key in _BY_NAME:
             return _BY_NAME[key]()
-        raise ValueError(f"capacity={value!r} is not a capacity policy; allowed: {', '.join(_BY_NAME)} or a policy object")
+        raise ValueError(
+            f"capacity={value!r} is not a capacity policy; allowed: {', '.join(_BY_NAME)} or a policy object"
+        )
     raise TypeError(
         f"capacity={value!r} ({type(value).__name__}) must be OnDemand(), Spot(), SpotFallback(...) "
         f"or one of {', '.join(map(repr, _BY_NAME))}"

@@ -27,7 +27,9 @@ def test_provider_info_lists_everything_and_documents_config() -> None:
 
     info = get_provider_info()
     assert info["package-name"] == "airflow-provider-gpu"
-    modules = [m for group in ("operators", "sensors", "triggers") for entry in info[group] for m in entry["python-modules"]]
+    modules = [
+        m for group in ("operators", "sensors", "triggers") for entry in info[group] for m in entry["python-modules"]
+    ]
     for module in modules:
         __import__(module)
     for link in info["extra-links"]:

@@ -53,7 +53,12 @@ BAD_INPUTS: list[tuple[str, Any, type[Exception], str]] = [
         ValueError,
         "capacity.spot_wait_timeout",
     ),
-    ("after_preemptions negative", lambda: SpotFallback(after_preemptions=-1), ValueError, "capacity.after_preemptions"),
+    (
+        "after_preemptions negative",
+        lambda: SpotFallback(after_preemptions=-1),
+        ValueError,
+        "capacity.after_preemptions",
+    ),
     ("max_interruptions negative", lambda: OnDemand(max_interruptions=-2), ValueError, "capacity.max_interruptions"),
     ("capacity unknown string", lambda: resolve_capacity("cheap"), ValueError, "capacity='cheap'"),
     ("capacity wrong type", lambda: resolve_capacity(3), TypeError, "capacity=3"),
@@ -137,7 +142,7 @@ def test_templated_values_are_checked_after_rendering_not_at_parse_time() -> Non
         checkpoint="file:///ckpt/{{ run_id }}",
     )
     assert task.backend == "{{ params.backend }}"
-    with pytest.raises(ValueError, match="checkpoint.uri='ftp://x'"):
+    with pytest.raises(ValueError, match=r"checkpoint\.uri='ftp://x'"):
         from gpu_provider.job import validate_checkpoint_uri
 
         validate_checkpoint_uri("ftp://x")

@@ -340,4 +340,3 @@ def resolve_backend(value: Backend | str | Mapping[str, Any] | None) -> Backend:
         f"backend={value!r} ({type(value).__name__}) must be a Backend object, a backend name "
         f"({', '.join(registered_backends())}) or a mapping with a 'name' key"
     )
-

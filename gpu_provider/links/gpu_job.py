@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperatorLink
 
 if TYPE_CHECKING:
-    from airflow.models.taskinstancekey import TaskInstanceKey
+    from airflow.sdk.types import TaskInstanceKey
 
 #: XCom key under which the operator records the latest attempt's console URL
 CONSOLE_URL_XCOM_KEY = "gpu_job_console_url"
 
 
 class GpuJobConsoleLink(BaseOperatorLink):
-    """"GPU job" button: the latest attempt in its backend's console (Batch, SageMaker, k8s, local log)."""
+    """ "GPU job" button: the latest attempt in its backend's console (Batch, SageMaker, k8s, local log)."""
 
     name = "GPU job"
 

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import BaseOperator
 
@@ -50,6 +50,7 @@ from gpu_provider.recovery import (
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from pydantic import JsonValue
 
 #: spot without a checkpoint is fine for short jobs; above this max runtime it earns a warning
 SPOT_WITHOUT_CHECKPOINT_WARN_S = 3600.0
@@ -278,7 +279,9 @@ class GpuJobOperator(BaseOperator):
         """Validate the rendered fields (templates are resolved by now) and fix the job for this try."""
         backend = resolve_backend(self.backend)
         self._backend = backend
-        backend.validate(self.gpu_resources, self.capacity.first_capacity(), multi_capacity=len(self.capacity.may_use) > 1)
+        backend.validate(
+            self.gpu_resources, self.capacity.first_capacity(), multi_capacity=len(self.capacity.may_use) > 1
+        )
         checkpoint_uri = validate_checkpoint_uri(self.checkpoint_uri) if self.checkpoint_uri else None
         runtime_limits = [s for s in (self.max_runtime_s, self._execution_timeout_s()) if s]
         poll = self.poll_interval or self._configured_poll_interval(backend)
@@ -326,17 +329,27 @@ class GpuJobOperator(BaseOperator):
                     handle.attempt,
                     state.value,
                 )
+                self._publish_link(context, plan.backend, handle)
                 return self._wait(context, plan, records, handle)
             if state is JobState.SUCCEEDED:
                 self.log.info("Job %s of an earlier try already succeeded; returning its result.", handle.job_id)
                 return self._result(plan, records)
         return self._start_attempt(context, plan, records)
 
-    def execute_complete(self, context: Context, event: dict[str, Any], records: list[dict[str, Any]]) -> Any:
-        """Resume after the trigger fired: check the event, then apply the recovery policy."""
+    def execute_complete(
+        self, context: Context, event: dict[str, Any], records: list[dict[str, Any]] | None = None
+    ) -> Any:
+        """Resume after the trigger fired: check the event, then apply the recovery policy.
+
+        ``records`` (the attempts so far) come back from ``defer(kwargs=...)``; where a runner does
+        not hand them back (``dag.test()`` replaces them with the event), they are read again from
+        the task state store, else from the backend.
+        """
         if not isinstance(event, dict) or event.get("status") not in _EVENT_STATUSES:
             raise GpuJobPollError(f"GPU job trigger returned an unexpected event: {event!r}")
         plan = self._plan(context)
+        if not records:
+            records = self._previous_attempts(context, plan.backend, self._task_key(context))
         handle = JobHandle.from_dict(event["handle"])
         self._handle = handle
         if event["status"] == "poll_error":
@@ -373,7 +386,7 @@ class GpuJobOperator(BaseOperator):
             return []
         handles = [JobHandle.from_dict(r["handle"]) for r in records]
         statuses = backend.poll(handles)
-        for record, handle in zip(records, handles):
+        for record, handle in zip(records, handles, strict=True):
             status = statuses.get(handle.job_id)
             if status is not None:
                 self._update_record(record, status)
@@ -424,10 +437,14 @@ class GpuJobOperator(BaseOperator):
         )
         records.append(self._record(handle, resume_from, int(context["ti"].try_number), None))
         self._persist(context, records)
-        url = plan.backend.console_url(handle)
+        self._publish_link(context, plan.backend, handle)
+        return self._wait(context, plan, records, handle)
+
+    @staticmethod
+    def _publish_link(context: Context, backend: Backend, handle: JobHandle) -> None:
+        url = backend.console_url(handle)
         if url:
             context["ti"].xcom_push(key=CONSOLE_URL_XCOM_KEY, value=url)
-        return self._wait(context, plan, records, handle)
 
     def _wait(self, context: Context, plan: _Plan, records: list[dict[str, Any]], handle: JobHandle) -> Any:
         self._handle = handle
@@ -470,7 +487,11 @@ class GpuJobOperator(BaseOperator):
             log_pos = self._stream_logs(plan.backend, handle, log_pos)
             if status.state.terminal:
                 return status, False
-            if spot_wait is not None and status.state is JobState.QUEUED and time.time() - handle.submitted_at > spot_wait:
+            if (
+                spot_wait is not None
+                and status.state is JobState.QUEUED
+                and time.time() - handle.submitted_at > spot_wait
+            ):
                 return status, True
             self._stop.wait(plan.poll_interval)
 
@@ -501,13 +522,17 @@ class GpuJobOperator(BaseOperator):
                 f"(spot_wait_timeout); cancelled by Airflow task {handle.name}"
             )
             plan.backend.cancel(handle, reason)
-            status = JobStatus(state=JobState.CANCELLED, reason=reason, started_at=status.started_at, ended_at=time.time())
+            status = JobStatus(
+                state=JobState.CANCELLED, reason=reason, started_at=status.started_at, ended_at=time.time()
+            )
             record["interruption"] = CAPACITY_TIMEOUT
         elif status.state is JobState.PREEMPTED:
             record["interruption"] = PREEMPTED
         self._update_record(record, status)
         self._persist(context, records)
-        where = f"{plan.backend.name} job {handle.name} (id {handle.job_id}, attempt {handle.attempt}, {handle.capacity})"
+        where = (
+            f"{plan.backend.name} job {handle.name} (id {handle.job_id}, attempt {handle.attempt}, {handle.capacity})"
+        )
 
         if status.state is JobState.SUCCEEDED:
             result = self._result(plan, records)
@@ -561,7 +586,9 @@ class GpuJobOperator(BaseOperator):
 
     # ------------------------------------------------------------------ records & results
     @staticmethod
-    def _record(handle: JobHandle, resume_from: str | None, try_number: int | None, status: JobStatus | None) -> dict[str, Any]:
+    def _record(
+        handle: JobHandle, resume_from: str | None, try_number: int | None, status: JobStatus | None
+    ) -> dict[str, Any]:
         record: dict[str, Any] = {
             "attempt": handle.attempt,
             "job_id": handle.job_id,
@@ -599,7 +626,7 @@ class GpuJobOperator(BaseOperator):
         if store is None:
             return
         try:
-            store.set(STATE_KEY, records)
+            store.set(STATE_KEY, cast("JsonValue", records))
         except Exception as err:  # reattach still works through the backend's lookup
             self.log.warning("Could not save attempts to the task state store (%s).", err)
 
@@ -658,4 +685,3 @@ def _interruptions(records: list[dict[str, Any]]) -> list[Interruption]:
         for r in records
         if r.get("interruption")
     ]
-

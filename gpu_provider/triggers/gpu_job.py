@@ -120,7 +120,7 @@ class GpuJobTrigger(BaseTrigger):
         spot_wait_timeout: float | None = None,
         stream_logs: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.backend = dict(backend)
         self.handle = dict(handle)
         self.poll_interval = float(poll_interval)
@@ -140,7 +140,7 @@ class GpuJobTrigger(BaseTrigger):
         )
 
     def _event(self, status: str, job_status: JobStatus | None, message: str) -> TriggerEvent:
-        return TriggerEvent(
+        return TriggerEvent(  # type: ignore[no-untyped-call]
             {
                 "status": status,
                 "handle": self.handle,

@@ -58,7 +58,12 @@ class Harness:
         return path
 
     def start(
-        self, dag_file: Path, dag_id: str, *, logical_date: str = "2026-01-05T00:00:00+00:00", extra_env: dict[str, str] | None = None
+        self,
+        dag_file: Path,
+        dag_id: str,
+        *,
+        logical_date: str = "2026-01-05T00:00:00+00:00",
+        extra_env: dict[str, str] | None = None,
     ) -> tuple[subprocess.Popen[str], Path, Path]:
         out = self.tmp / f"{dag_id}-{time.monotonic_ns()}.json"
         log = out.with_suffix(".log")

@@ -18,13 +18,15 @@ def main() -> None:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    import pendulum
     from airflow.models.xcom import XComModel
     from airflow.sdk import DAG
     from airflow.utils.session import create_session
-    import pendulum
 
     dag = next(v for v in vars(module).values() if isinstance(v, DAG) and v.dag_id == dag_id)
-    dr = dag.test(logical_date=pendulum.parse(logical_date), run_conf=json.loads(conf))
+    when = pendulum.parse(logical_date)
+    # a fixed run_after gives a fixed run id, so running the same DAG again re-runs the same task instance
+    dr = dag.test(logical_date=when, run_after=when, run_conf=json.loads(conf))
     result: dict[str, object] = {"state": str(dr.state), "run_id": dr.run_id, "tasks": {}}
     with create_session() as session:
         for ti in dr.get_task_instances(session=session):

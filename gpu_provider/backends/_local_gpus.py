@@ -1,0 +1,185 @@
+"""GPU discovery and allocation for the local backend.
+
+Every job supervisor of one state directory allocates from the same ledger
+(``gpu-allocations.json``), read and written under an exclusive ``flock`` on
+``gpu-allocations.lock``. Whole-GPU jobs get devices nobody else holds; fractional jobs share a
+device while the shares on it add up to at most 1. A ledger entry whose supervisor no longer runs
+is dropped by the next allocation, so a crashed supervisor cannot hold GPUs forever.
+
+Standard library only (the supervisor imports it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpu_provider.backends._local_common import ALLOC_FILE, ALLOC_LOCK_FILE, is_alive, read_json, write_json_atomic
+
+#: slack for float sums of fractional shares (0.1 + 0.2 + 0.7 must fit on one device)
+_EPS = 1e-9
+
+
+def detect_gpus(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[list[int], str | None]:
+    """Ask ``nvidia-smi`` for the device indices of this machine.
+
+    :param nvidia_smi: the binary (a name on PATH or a path)
+    :param timeout: seconds before a hanging nvidia-smi counts as "no GPU"
+    :return: the indices, and ``None`` or a short description of why none were found
+    """
+    try:
+        proc = subprocess.run(
+            [nvidia_smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        return [], f"{nvidia_smi}: {err}"
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        return [], f"{nvidia_smi} exited with code {proc.returncode}" + (f": {detail[-1]}" if detail else "")
+    indices: list[int] = []
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            indices.append(int(line))
+        except ValueError:
+            return [], f"{nvidia_smi} printed {line!r}, not a device index"
+    if not indices:
+        return [], f"{nvidia_smi} listed no devices"
+    return sorted(set(indices)), None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Devices granted to one job.
+
+    :param per_node: device indices for each node rank (``CUDA_VISIBLE_DEVICES`` of that node)
+    :param shares: the share of each device the job holds (1.0 for whole GPUs)
+    """
+
+    per_node: tuple[tuple[int, ...], ...]
+    shares: dict[int, float]
+
+
+def never_fits(devices: Sequence[int], gpus: float, nodes: int) -> str | None:
+    """Why a request can never run on ``devices`` (``None`` when it can, once they are free)."""
+    if not devices:
+        return None  # CPU-only machine: GPU requests are not enforced (see LocalBackend docs)
+    if gpus < 1:
+        return None
+    need = int(gpus) * nodes
+    if need > len(devices):
+        return (
+            f"the job asks for {need} GPU(s) ({int(gpus)} per node x {nodes} node(s)) but this machine has "
+            f"{len(devices)} (devices {','.join(map(str, devices))}); the local backend can never run it. "
+            "Ask for fewer GPUs, or use a cloud backend."
+        )
+    return None
+
+
+@contextlib.contextmanager
+def _ledger(state_dir: Path) -> Iterator[dict[str, Any]]:
+    """The allocations ledger, locked; changes made to the yielded dict are written back."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / ALLOC_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        ledger = read_json(state_dir / ALLOC_FILE) or {}
+        before = dict(ledger)
+        yield ledger
+        if ledger != before:
+            write_json_atomic(state_dir / ALLOC_FILE, ledger)
+    finally:
+        os.close(fd)  # closing drops the flock
+
+
+def _usage(ledger: dict[str, Any]) -> dict[int, float]:
+    used: dict[int, float] = {}
+    for entry in ledger.values():
+        for dev, share in (entry.get("devices") or {}).items():
+            used[int(dev)] = used.get(int(dev), 0.0) + float(share)
+    return used
+
+
+def allocate(
+    state_dir: Path,
+    job_id: str,
+    *,
+    owner_pid: int,
+    owner_start: int | None,
+    devices: Sequence[int],
+    gpus: float,
+    nodes: int,
+) -> Allocation | str:
+    """Try to take GPUs for a job now.
+
+    :param state_dir: the backend's state directory (holds the ledger)
+    :param job_id: the ledger key; a previous entry of the same job is replaced
+    :param owner_pid: the supervisor's pid: the entry is dropped once this process is gone
+    :param owner_start: the supervisor's start time token (guards against pid reuse)
+    :param devices: device indices this machine has
+    :param gpus: GPUs per node (a fraction below 1 for a shared device)
+    :param nodes: number of nodes
+    :return: the allocation, or a human reason why the job has to wait
+    """
+    with _ledger(state_dir) as ledger:
+        for key in list(ledger):
+            entry = ledger[key]
+            if key == job_id or not is_alive(entry.get("pid"), entry.get("pid_start")):
+                del ledger[key]
+        used = _usage(ledger)
+        free = [d for d in devices if used.get(d, 0.0) <= _EPS]
+        if gpus >= 1:
+            per_node_count = int(gpus)
+            need = per_node_count * nodes
+            if len(free) < need:
+                return f"waiting for {need} free GPU(s): {len(free)} of {len(devices)} free"
+            taken = free[:need]
+            per_node = tuple(tuple(taken[r * per_node_count : (r + 1) * per_node_count]) for r in range(nodes))
+            shares = {d: 1.0 for d in taken}
+        else:
+            fits = [d for d in devices if used.get(d, 0.0) + gpus <= 1.0 + _EPS]
+            if not fits:
+                return (
+                    f"waiting for a {gpus:g} share of a GPU: {len(free)} of {len(devices)} free, "
+                    f"none with {gpus:g} left"
+                )
+            # best fit: fill partly used devices first so whole devices stay free for whole-GPU jobs
+            best = max(fits, key=lambda d: (used.get(d, 0.0), -d))
+            per_node = ((best,),)
+            shares = {best: float(gpus)}
+        ledger[job_id] = {
+            "pid": owner_pid,
+            "pid_start": owner_start,
+            "devices": {str(d): s for d, s in shares.items()},
+        }
+        return Allocation(per_node=per_node, shares=shares)
+
+
+def release(state_dir: Path, job_id: str) -> None:
+    """Give a job's GPUs back (no error when it holds none)."""
+    with _ledger(state_dir) as ledger:
+        ledger.pop(job_id, None)
+
+
+def format_devices(devices: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` value for a device list (empty string: no GPU)."""
+    return ",".join(str(d) for d in devices)
+
+
+def gpu_seconds(gpus: float, nodes: int, seconds: float) -> float:
+    """GPU-seconds held by ``nodes`` x ``gpus`` for ``seconds`` (never negative)."""
+    return max(0.0, gpus * nodes * seconds) if math.isfinite(seconds) else 0.0
