@@ -9,10 +9,12 @@ BACKEND ?= local
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
 	@echo "installing airflow-provider-gpu and its pinned dependencies into $(VENV) ..."
+	@# (grep drops this machine's notes about unused local package mirrors; the import check below
+	@#  is what fails the step if the install did not work)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade 'pip>=24' 2>&1 | grep -v '^WARNING: Location' || true
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
-	@$(BIN)/python -c "import gpu_provider, airflow, numpy" 
+	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest" || { echo "install failed: see the pip output above"; exit 1; }
 	@touch $(STAMP)
 
 ## Run the example ML pipeline end to end on the local backend and print what happened.

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,4 +40,17 @@ def airflow_home() -> Iterator[Path]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # Every job the tests started was cancelled or finished: its supervisor must be exiting. Wait for
+    # the supervisors this process started, and name any that would outlive the session.
+    from gpu_provider.backends import local
+
+    deadline = time.monotonic() + 15
+    leftovers = []
+    for proc in list(local._children):
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            leftovers.append(proc.pid)
+    if leftovers:
+        print(f"\nWARNING: local job supervisors still running after the tests: {leftovers}", file=sys.stderr)
     shutil.rmtree(_HOME, ignore_errors=True)

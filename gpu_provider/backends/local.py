@@ -314,7 +314,9 @@ class LocalBackend(Backend):
         _reap_children()
         for key, value in request.env.items():
             if not isinstance(key, str) or not isinstance(value, str):
-                raise TypeError(f"env[{key!r}]={value!r}: environment names and values must be strings")
+                raise TypeError(
+                    f"env[{key!r}] is a {type(value).__name__}: environment names and values must be strings"
+                )
         if request.image:
             _log_once(
                 "image",

@@ -334,6 +334,10 @@ class GpuJobOperator(BaseOperator):
             if state is JobState.SUCCEEDED:
                 self.log.info("Job %s of an earlier try already succeeded; returning its result.", handle.job_id)
                 return self._result(plan, records)
+            if last.get("interruption"):
+                # interrupted while no worker watched: the policy and its budget decide, as if we had seen it
+                status = JobStatus(state=state, reason=str(last.get("reason") or ""))
+                return self._attempt_ended(context, plan, records, handle, status, capacity_timeout=False)
         return self._start_attempt(context, plan, records)
 
     def execute_complete(
@@ -369,7 +373,12 @@ class GpuJobOperator(BaseOperator):
         )
 
     def _previous_attempts(self, context: Context, backend: Backend, task: TaskKey) -> list[dict[str, Any]]:
-        """Attempt records of earlier tries: the task state store first, else the backend's lookup."""
+        """Attempt records of earlier tries, with their current state.
+
+        The task state store keeps the full records (resume point, try, interruption kind). The
+        backend's lookup by identity is asked too: it also finds an attempt submitted just before a
+        crash that kept its record from reaching the store, so that attempt is reattached, not duplicated.
+        """
         records: list[dict[str, Any]] = []
         store = context.get("task_state_store")
         if store is not None:
@@ -380,10 +389,11 @@ class GpuJobOperator(BaseOperator):
                 stored = None
             if isinstance(stored, list):
                 records = [r for r in stored if isinstance(r, dict) and "handle" in r]
-        if not records:
-            records = [self._record(h, None, None, None) for h in backend.find_existing(task)]
+        known = {r["job_id"] for r in records}
+        records += [self._record(h, None, None, None) for h in backend.find_existing(task) if h.job_id not in known]
         if not records:
             return []
+        records.sort(key=lambda r: int(r["attempt"]))
         handles = [JobHandle.from_dict(r["handle"]) for r in records]
         statuses = backend.poll(handles)
         for record, handle in zip(records, handles, strict=True):
@@ -568,6 +578,8 @@ class GpuJobOperator(BaseOperator):
             if delay:
                 self._stop.wait(delay)
             return self._start_attempt(context, plan, records)
+        if status.state is JobState.CANCELLED and self._stop.is_set():
+            raise GpuJobCancelledError(f"{where} was cancelled because this task was killed.")
         if status.state is JobState.CANCELLED:
             raise GpuJobCancelledError(
                 f"{where} was CANCELLED: {status.reason or 'no reason given'}. It was stopped outside this task; "

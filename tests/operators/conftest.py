@@ -63,6 +63,7 @@ class Harness:
         dag_id: str,
         *,
         logical_date: str = "2026-01-05T00:00:00+00:00",
+        conf: dict[str, Any] | None = None,
         extra_env: dict[str, str] | None = None,
     ) -> tuple[subprocess.Popen[str], Path, Path]:
         out = self.tmp / f"{dag_id}-{time.monotonic_ns()}.json"
@@ -70,7 +71,7 @@ class Harness:
         env = dict(os.environ)
         env.update(extra_env or {})
         proc = subprocess.Popen(
-            [sys.executable, str(RUN_DAG), str(dag_file), dag_id, logical_date, "{}", str(out)],
+            [sys.executable, str(RUN_DAG), str(dag_file), dag_id, logical_date, json.dumps(conf or {}), str(out)],
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             env=env,

@@ -24,6 +24,10 @@ def main() -> None:
     from airflow.utils.session import create_session
 
     dag = next(v for v in vars(module).values() if isinstance(v, DAG) and v.dag_id == dag_id)
+    from airflow.models.pool import Pool
+
+    for pool in {task.pool for task in dag.tasks} - {Pool.DEFAULT_POOL_NAME}:  # team pools (gpu_<team>)
+        Pool.create_or_update_pool(pool, slots=16, description="tests", include_deferred=True)
     when = pendulum.parse(logical_date)
     # a fixed run_after gives a fixed run id, so running the same DAG again re-runs the same task instance
     dr = dag.test(logical_date=when, run_after=when, run_conf=json.loads(conf))

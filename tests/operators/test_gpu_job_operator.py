@@ -296,3 +296,25 @@ def test_team_sets_pool_and_slots_and_priority_sets_absolute_weight() -> None:
     plain = GpuJobOperator(task_id="p", command=["true"])
     assert plain.pool == "default_pool" and plain.pool_slots == 1
     assert plain.priority_weight == 1
+
+
+def test_max_runtime_is_enforced_on_the_job_itself(harness: Harness) -> None:
+    out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
+    dag = harness.write_dag(
+        "runtime_limit",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}, grace_period=0.5),
+            command={harness.toy_command(str(out), 500, 0.1)},
+            env={{"PID_DIR": {str(pid_dir)!r}}},
+            max_runtime=1.5,
+            poll_interval=0.3,
+            deferrable=True,
+        )
+        """,
+    )
+    run = harness.run(dag, "runtime_limit")
+    assert run.task()["state"] == "failed"
+    assert "exceeded max_runtime" in run.log
+    assert not any(pid_alive(pid) for pid in _pids(pid_dir).values())
