@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ("tests.harness",)
+
 _HOME = Path(tempfile.mkdtemp(prefix="gpu-provider-tests-"))
 os.environ.update(
     {

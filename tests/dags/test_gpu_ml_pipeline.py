@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.operators.conftest import REPO, Harness, harness  # noqa: F401  (the fixture)
+from tests.harness import REPO, Harness
 
 
 def test_dag_file_parses_without_import_errors(airflow_home: Path) -> None:

@@ -13,8 +13,7 @@ import pytest
 
 from gpu_provider import GpuResources
 from gpu_provider.operators import GpuJobOperator
-
-from .conftest import REPO, Harness, pid_alive, wait_for
+from tests.harness import REPO, Harness, pid_alive, wait_for
 
 
 def _pids(pid_dir: Path) -> dict[str, int]:

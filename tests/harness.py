@@ -1,4 +1,5 @@
-"""Run DAGs with GpuJobOperator tasks in child processes, and clean up every job they start."""
+"""Fixture `harness`: run DAGs with GpuJobOperator tasks in child processes (dag.test), and clean up
+every job they start. Registered for the whole suite by tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent / "operators"
 TOY_JOB = HERE / "toy_job.py"
 RUN_DAG = HERE / "run_dag.py"
 REPO = HERE.parent.parent
