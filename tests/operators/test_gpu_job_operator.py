@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -317,3 +318,66 @@ def test_max_runtime_is_enforced_on_the_job_itself(harness: Harness) -> None:
     assert run.task()["state"] == "failed"
     assert "exceeded max_runtime" in run.log
     assert not any(pid_alive(pid) for pid in _pids(pid_dir).values())
+
+
+def test_spot_attempt_that_waits_too_long_is_cancelled_and_resubmitted_on_demand(harness: Harness) -> None:
+    """One (fake) GPU is busy: the spot attempt stays queued past spot_wait_timeout and is given up."""
+    fake_smi = harness.tmp / "nvidia-smi"
+    fake_smi.write_text("#!/bin/sh\necho 0\n")
+    fake_smi.chmod(0o755)
+    backend = f"LocalBackend(state_dir={str(harness.state_dir)!r}, nvidia_smi={str(fake_smi)!r}, grace_period=0.5)"
+    from gpu_provider.backends.base import JobIdentity, JobRequest, TaskKey
+    from gpu_provider.backends.local import LocalBackend
+
+    be = LocalBackend(state_dir=str(harness.state_dir), nvidia_smi=str(fake_smi), grace_period=0.5)
+    release = harness.tmp / "release-gpu"
+    hog = be.submit(
+        JobRequest(
+            identity=JobIdentity(TaskKey("other", "hog", "r"), try_number=1, attempt=1, capacity="on-demand"),
+            # holds the only GPU until the test releases it
+            command=(
+                sys.executable,
+                "-c",
+                f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)",
+            ),
+            env={},
+            resources=GpuResources(gpus=1),
+            capacity="on-demand",
+        )
+    )
+    wait_for(lambda: be.poll([hog])[hog.job_id].state.value == "RUNNING", 30, "the GPU hog to start")
+    out = harness.tmp / "out"
+    dag = harness.write_dag(
+        "spot_wait",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend={backend},
+            command={harness.toy_command(str(out), 2, 0.05)},
+            capacity=SpotFallback(spot_wait_timeout=1.0, backoff=0),
+            checkpoint="file://{harness.tmp / "ckpt"}",
+            poll_interval=0.3,
+            deferrable=True,
+        )
+        """,
+    )
+
+    def release_gpu_once_spot_is_given_up() -> None:
+        def spot_cancelled() -> bool:
+            spot = [h for h in be.list_jobs() if h.capacity == "spot"]
+            return bool(spot) and be.poll(spot)[spot[0].job_id].state.value == "CANCELLED"
+
+        wait_for(spot_cancelled, 120, "the spot attempt to be given up")
+        release.touch()
+
+    releaser = threading.Thread(target=release_gpu_once_spot_is_given_up, daemon=True)
+    releaser.start()
+    run = harness.run(dag, "spot_wait")
+    release.touch()
+    task = run.task()
+    assert task["state"] == "success", run.log[-3000:]
+    first, second = task["xcom"]["attempts"]
+    assert (first["capacity"], first["state"], first["interruption"]) == ("spot", "CANCELLED", "capacity_timeout")
+    assert "no spot capacity after 1s waiting" in first["reason"]
+    assert (second["capacity"], second["state"]) == ("on-demand", "SUCCEEDED")
+    assert "Spot capacity did not come; resubmitting on on-demand" in run.log
