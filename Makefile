@@ -9,12 +9,11 @@ BACKEND ?= local
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo "installing airflow-provider-gpu and its pinned dependencies into $(VENV) ..."
-	@# (grep drops this machine's notes about unused local package mirrors; the import check below
-	@#  is what fails the step if the install did not work)
-	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade 'pip>=24' 2>&1 | grep -v '^WARNING: Location' || true
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]' 2>&1 | grep -v '^WARNING: Location' || true
-	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest" || { echo "install failed: see the pip output above"; exit 1; }
+	@echo "installing airflow-provider-gpu and its pinned dependencies into $(VENV) (log: $(VENV)/install.log) ..."
+	@$(BIN)/python -m pip install --disable-pip-version-check --upgrade 'pip>=24' > $(VENV)/install.log 2>&1 \
+	  && $(BIN)/python -m pip install --disable-pip-version-check -c constraints.txt -e '.[dev]' >> $(VENV)/install.log 2>&1 \
+	  || { tail -40 $(VENV)/install.log; echo "install failed: see $(VENV)/install.log"; exit 1; }
+	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest"
 	@touch $(STAMP)
 
 ## Run the example ML pipeline end to end on the local backend and print what happened.

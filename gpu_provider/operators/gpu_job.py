@@ -181,6 +181,8 @@ class GpuJobOperator(BaseOperator):
     template_fields: Sequence[str] = ("command", "backend", "image", "env", "checkpoint_uri")
     template_fields_renderers = {"command": "py", "env": "json", "backend": "json"}
     ui_color = "#c9f0d6"
+    # runtime-only state (a lock inside) is shared, not deep-copied, when Airflow copies the task
+    shallow_copy_attrs: Sequence[str] = ("_stop",)
     operator_extra_links = (GpuJobConsoleLink(),)
 
     def __init__(

@@ -36,10 +36,13 @@ def main() -> None:
         for ti in dr.get_task_instances(session=session):
             row = (
                 session.query(XComModel)
-                .filter_by(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, key="return_value")
+                .filter_by(
+                    dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=ti.map_index, key="return_value"
+                )
                 .one_or_none()
             )
-            result["tasks"][ti.task_id] = {  # type: ignore[index]
+            name = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
+            result["tasks"][name] = {  # type: ignore[index]
                 "state": str(ti.state),
                 "try_number": ti.try_number,
                 "xcom": XComModel.deserialize_value(row) if row is not None else None,

@@ -381,3 +381,33 @@ def test_spot_attempt_that_waits_too_long_is_cancelled_and_resubmitted_on_demand
     assert "no spot capacity after 1s waiting" in first["reason"]
     assert (second["capacity"], second["state"]) == ("on-demand", "SUCCEEDED")
     assert "Spot capacity did not come; resubmitting on on-demand" in run.log
+
+
+def test_mapped_tasks_get_their_own_jobs_and_the_task_copies_cleanly(harness: Harness) -> None:
+    import copy
+
+    task = GpuJobOperator(task_id="t", command=["true"], capacity="spot_fallback", checkpoint="file:///tmp/c")
+    clone = copy.deepcopy(task)
+    assert clone.capacity == task.capacity and clone.checkpoint_uri == task.checkpoint_uri
+
+    outs = [str(harness.tmp / f"out{i}") for i in range(2)]
+    commands = [eval(harness.toy_command(out, 2, 0.05)) for out in outs]
+    dag = harness.write_dag(
+        "mapped",
+        f"""
+        GpuJobOperator.partial(
+            task_id="job",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}),
+            poll_interval=0.3,
+        ).expand(command={commands!r})
+        """,
+    )
+    run = harness.run(dag, "mapped")
+    assert run.result["state"].endswith("success"), run.log[-3000:]
+    from gpu_provider.backends.local import LocalBackend
+
+    names = sorted(h.name for h in LocalBackend(state_dir=str(harness.state_dir)).list_jobs())
+    assert len(names) == 2
+    assert names[0].endswith("-m0-t1-a1") and names[1].endswith("-m1-t1-a1")
+    for out in outs:
+        assert (Path(out) / "result.json").exists()
