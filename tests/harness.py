@@ -93,9 +93,13 @@ class Harness:
             raise AssertionError(f"dag.test child exited {rc} without a result; log tail:\n{text[-4000:]}")
         return DagRun(rc, json.loads(out.read_text()), text)
 
-    def toy_command(self, out: str, steps: int = 10, delay: float = 0.1, *extra: str) -> str:
-        return repr([sys.executable, str(TOY_JOB), "--steps", str(steps), "--delay", str(delay), "--out", out, *extra])
+    def toy_args(self, out: str, steps: int = 10, delay: float = 0.1, *extra: str) -> list[str]:
+        """The command line of tests/operators/toy_job.py."""
+        return [sys.executable, str(TOY_JOB), "--steps", str(steps), "--delay", str(delay), "--out", out, *extra]
 
+    def toy_command(self, out: str, steps: int = 10, delay: float = 0.1, *extra: str) -> str:
+        """The same, as Python source for a DAG file."""
+        return repr(self.toy_args(out, steps, delay, *extra))
 
 _started: list[subprocess.Popen[str]] = []
 

@@ -391,7 +391,7 @@ def test_mapped_tasks_get_their_own_jobs_and_the_task_copies_cleanly(harness: Ha
     assert clone.capacity == task.capacity and clone.checkpoint_uri == task.checkpoint_uri
 
     outs = [str(harness.tmp / f"out{i}") for i in range(2)]
-    commands = [eval(harness.toy_command(out, 2, 0.05)) for out in outs]
+    commands = [harness.toy_args(out, 2, 0.05) for out in outs]
     dag = harness.write_dag(
         "mapped",
         f"""
