@@ -101,6 +101,7 @@ class Harness:
         """The same, as Python source for a DAG file."""
         return repr(self.toy_args(out, steps, delay, *extra))
 
+
 _started: list[subprocess.Popen[str]] = []
 
 

@@ -418,6 +418,7 @@ class GpuJobOperator(BaseOperator):
         env.update(
             {
                 "GPU_PROVIDER_CHECKPOINT_URI": plan.checkpoint_uri or "",
+                "GPU_PROVIDER_CHECKPOINT_KEEP": str(self.checkpoint_keep or ""),
                 "GPU_PROVIDER_RESUME_FROM": resume_from or "",
                 "GPU_PROVIDER_ATTEMPT": str(attempt),
                 "GPU_PROVIDER_CAPACITY": capacity,

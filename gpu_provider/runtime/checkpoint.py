@@ -57,6 +57,34 @@ SCHEMES = ("file", "s3")
 _STEP_DIGITS = 10
 _COMPLETE = re.compile(r"^ckpt-(\d+)$")
 _ALLOWED = "allowed: file://, s3://"
+
+#: set by the operator from ``Checkpoint(keep=...)``; the default of every ``keep=`` below
+ENV_CHECKPOINT_KEEP = "GPU_PROVIDER_CHECKPOINT_KEEP"
+_DEFAULT_KEEP = 3
+
+
+class _KeepFromEnv:
+    """Sentinel: take ``keep`` from ``GPU_PROVIDER_CHECKPOINT_KEEP`` (else 3)."""
+
+    def __repr__(self) -> str:
+        return "KEEP_FROM_ENV"
+
+
+#: default of ``keep=``: what the task's ``Checkpoint(keep=...)`` says, through the environment
+KEEP_FROM_ENV = _KeepFromEnv()
+
+
+def _resolve_keep(keep: int | _KeepFromEnv | None) -> int | None:
+    if not isinstance(keep, _KeepFromEnv):
+        return keep
+    raw = os.environ.get(ENV_CHECKPOINT_KEEP, "").strip()
+    if not raw:
+        return _DEFAULT_KEEP
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{ENV_CHECKPOINT_KEEP}={raw!r} must be an integer >= 1")
+    return int(raw)
+
+
 _S3_DELETE_BATCH = 1000
 
 
@@ -417,13 +445,17 @@ class CheckpointWriter(AbstractContextManager[Path]):
     :param uri: the checkpoint URI (``file:///...`` or ``s3://bucket/prefix``).
     :param step: the training step; the folder is ``ckpt-<step zero-padded to 10>``.
     :param keep: how many complete checkpoints to keep, newest steps first (the one just written is
-        always kept); ``None`` keeps all.
+        always kept); ``None`` keeps all. Default: ``GPU_PROVIDER_CHECKPOINT_KEEP`` (set from the
+        task's ``Checkpoint(keep=...)``), else 3.
     :param s3_client: a boto3 S3 client; ``boto3.client("s3")`` when ``None`` and ``uri`` is ``s3://``.
     """
 
-    def __init__(self, uri: str, step: int, *, keep: int | None = 3, s3_client: Any = None) -> None:
+    def __init__(
+        self, uri: str, step: int, *, keep: int | _KeepFromEnv | None = KEEP_FROM_ENV, s3_client: Any = None
+    ) -> None:
         parse_uri(uri)
         self.name = checkpoint_name(step)
+        keep = _resolve_keep(keep)
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ValueError(f"keep must be a positive int or None, got {keep!r}")
         self.uri = uri
@@ -478,7 +510,9 @@ class CheckpointWriter(AbstractContextManager[Path]):
             log.warning("could not prune old checkpoints under %s", self.uri, exc_info=True)
 
 
-def save_checkpoint(uri: str, step: int, *, keep: int | None = 3, s3_client: Any = None) -> CheckpointWriter:
+def save_checkpoint(
+    uri: str, step: int, *, keep: int | _KeepFromEnv | None = KEEP_FROM_ENV, s3_client: Any = None
+) -> CheckpointWriter:
     """Save one checkpoint: yields a fresh, empty local folder; on a normal exit it is published.
 
     On ``file://`` the folder lies inside ``uri`` (``.tmp-ckpt-...``); its files are flushed to disk
@@ -491,7 +525,8 @@ def save_checkpoint(uri: str, step: int, *, keep: int | None = 3, s3_client: Any
 
     :param uri: the checkpoint URI (``file:///...`` or ``s3://bucket/prefix``).
     :param step: the training step, ``>= 0``.
-    :param keep: how many complete checkpoints to keep (highest steps, plus always this one); ``None`` keeps all.
+    :param keep: how many complete checkpoints to keep (highest steps, plus always this one); ``None`` keeps all;
+        default ``GPU_PROVIDER_CHECKPOINT_KEEP``, else 3.
     :param s3_client: a boto3 S3 client; ``boto3.client("s3")`` when ``None`` and ``uri`` is ``s3://``.
     :return: a context manager yielding the folder as a :class:`~pathlib.Path`.
     :raises ValueError: bad URI, step or keep; or (on exit) the folder was left empty.
@@ -500,7 +535,12 @@ def save_checkpoint(uri: str, step: int, *, keep: int | None = 3, s3_client: Any
 
 
 def save_checkpoint_files(
-    uri: str, step: int, files: Mapping[str, bytes], *, keep: int | None = 3, s3_client: Any = None
+    uri: str,
+    step: int,
+    files: Mapping[str, bytes],
+    *,
+    keep: int | _KeepFromEnv | None = KEEP_FROM_ENV,
+    s3_client: Any = None,
 ) -> str:
     """Save a checkpoint made of the given files, in one call.
 

@@ -274,6 +274,7 @@ def test_job_gets_the_contract_and_a_minimal_environment(harness: Harness) -> No
     assert env["GPU_PROVIDER_CAPACITY"] == "on-demand"
     assert env["GPU_PROVIDER_CHECKPOINT_URI"] == f"file://{harness.tmp / 'ckpt'}/job"
     assert env["GPU_PROVIDER_RESUME_FROM"] == ""
+    assert env["GPU_PROVIDER_CHECKPOINT_KEEP"] == "3"
     assert (env["NNODES"], env["NODE_RANK"], env["MASTER_ADDR"]) == ("1", "0", "127.0.0.1")
     assert int(env["MASTER_PORT"]) > 0
     assert "CUDA_VISIBLE_DEVICES" in env

@@ -139,6 +139,21 @@ def test_keep_prunes_to_the_newest_steps(uri: str, root: Path) -> None:
     assert latest_checkpoint(uri) == f"{uri}/ckpt-0000000050"
 
 
+def test_default_keep_comes_from_the_task_through_the_environment(
+    uri: str, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPU_PROVIDER_CHECKPOINT_KEEP", raising=False)
+    for step in (1, 2, 3, 4):
+        save_checkpoint_files(uri, step, {"m": b"x"})
+    assert len(_folders(root)) == 3  # no variable: 3
+    monkeypatch.setenv("GPU_PROVIDER_CHECKPOINT_KEEP", "1")
+    save_checkpoint_files(uri, 5, {"m": b"x"})
+    assert _folders(root) == ["ckpt-0000000005"]
+    monkeypatch.setenv("GPU_PROVIDER_CHECKPOINT_KEEP", "many")
+    with pytest.raises(ValueError, match="GPU_PROVIDER_CHECKPOINT_KEEP='many' must be an integer >= 1"):
+        save_checkpoint(uri, 6)
+
+
 def test_keep_none_keeps_everything_and_bad_keep_is_refused(uri: str, root: Path) -> None:
     for step in range(5):
         save_checkpoint_files(uri, step, {"m": b"x"}, keep=None)
