@@ -532,7 +532,7 @@ class GpuJobOperator(BaseOperator):
         if capacity_timeout:
             reason = (
                 f"no spot capacity after {plan.policy.spot_wait_timeout_s:.0f}s waiting "
-                f"(spot_wait_timeout); cancelled by Airflow task {handle.name}"
+                f"(spot_wait_timeout); cancelled by Airflow task {self.dag_id}.{self.task_id}"
             )
             plan.backend.cancel(handle, reason)
             status = JobStatus(
@@ -580,6 +580,8 @@ class GpuJobOperator(BaseOperator):
             )
             if delay:
                 self._stop.wait(delay)
+            if self._stop.is_set():
+                raise GpuJobCancelledError(f"this task was killed before it could resubmit {where}.")
             return self._start_attempt(context, plan, records)
         if status.state is JobState.CANCELLED and self._stop.is_set():
             raise GpuJobCancelledError(f"{where} was cancelled because this task was killed.")
@@ -588,15 +590,17 @@ class GpuJobOperator(BaseOperator):
                 f"{where} was CANCELLED: {status.reason or 'no reason given'}. It was stopped outside this task; "
                 "clear the task to run it again."
             )
+        try_number = int(context["ti"].try_number)
+        if try_number <= self.retries:
+            next_step = f"Airflow will retry it (retry {try_number} of {self.retries})" + (
+                ", resuming from the latest checkpoint." if plan.checkpoint_uri else ", starting it again."
+            )
+        else:
+            next_step = f"No Airflow retries are left (retries={self.retries})."
         raise GpuJobFailedError(
             f"{where} ended FAILED: {status.reason or 'no reason given'}"
             + (f" (exit code {status.exit_code})" if status.exit_code is not None else "")
-            + ". This is the job's own error"
-            + (
-                "; an Airflow retry will resume it from the latest checkpoint."
-                if plan.checkpoint_uri
-                else "; an Airflow retry will start it again."
-            )
+            + f". This is the job's own error, not an interruption. {next_step}"
         )
 
     # ------------------------------------------------------------------ records & results

@@ -223,7 +223,10 @@ def test_failed_attempt_goes_to_airflow_retry_which_resumes(harness: Harness) ->
     assert "exited with code 3" in first["reason"]
     assert second["state"] == "SUCCEEDED" and second["try_number"] == 2
     assert second["resume_from"].endswith("ckpt-0000000002")
-    assert "ended FAILED" in run.log and "an Airflow retry will resume it from the latest checkpoint" in run.log
+    assert (
+        "ended FAILED" in run.log
+        and "Airflow will retry it (retry 1 of 1), resuming from the latest checkpoint." in run.log
+    )
 
 
 def test_interruption_budget_is_separate_and_fails_the_task_when_spent(harness: Harness) -> None:
