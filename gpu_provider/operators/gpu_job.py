@@ -590,13 +590,13 @@ class GpuJobOperator(BaseOperator):
                 f"{where} was CANCELLED: {status.reason or 'no reason given'}. It was stopped outside this task; "
                 "clear the task to run it again."
             )
-        try_number = int(context["ti"].try_number)
-        if try_number <= self.retries:
-            next_step = f"Airflow will retry it (retry {try_number} of {self.retries})" + (
+        try_number, retries = int(context["ti"].try_number), int(self.retries or 0)
+        if try_number <= retries:
+            next_step = f"Airflow will retry it (retry {try_number} of {retries})" + (
                 ", resuming from the latest checkpoint." if plan.checkpoint_uri else ", starting it again."
             )
         else:
-            next_step = f"No Airflow retries are left (retries={self.retries})."
+            next_step = f"No Airflow retries are left (retries={retries})."
         raise GpuJobFailedError(
             f"{where} ended FAILED: {status.reason or 'no reason given'}"
             + (f" (exit code {status.exit_code})" if status.exit_code is not None else "")

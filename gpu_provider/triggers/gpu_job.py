@@ -154,6 +154,14 @@ class GpuJobTrigger(BaseTrigger):
         handle = JobHandle.from_dict(self.handle)
         poller = SharedPoller.for_backend(backend, self.poll_interval)
         queue = poller.subscribe(handle)
+        self.log.info(
+            "Waiting for %s job %s (attempt %d, %s); status every %.0fs, shared with the other jobs of this backend.",
+            backend.name,
+            handle.job_id,
+            handle.attempt,
+            handle.capacity,
+            self.poll_interval,
+        )
         errors = 0
         log_pos = 0
         try:
