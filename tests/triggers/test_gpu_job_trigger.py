@@ -29,7 +29,13 @@ class CountingLocalBackend(LocalBackend):
         return super().poll(handles)
 
 
-register_backend("counting_local", f"{__name__}.CountingLocalBackend", replace=True)
+@pytest.fixture
+def counting_backend_registered() -> Iterator[None]:
+    from gpu_provider.backends import base
+
+    register_backend("counting_local", f"{__name__}.CountingLocalBackend")
+    yield
+    del base._REGISTRY["counting_local"]
 
 
 def _request(n: int, command: list[str], capacity: str = "on-demand", gpus: float = 1) -> JobRequest:
@@ -105,6 +111,7 @@ def test_trigger_fires_succeeded_and_failed(backend: LocalBackend) -> None:
         _cleanup(backend, [ok, bad])
 
 
+@pytest.mark.usefixtures("counting_backend_registered")
 def test_shared_poller_batches_all_waiting_jobs_in_one_call(tmp_path: Path) -> None:
     be = CountingLocalBackend(state_dir=str(tmp_path / "state"), grace_period=0.5)
     handles = [be.submit(_request(i, [sys.executable, "-c", "import time; time.sleep(1.5)"])) for i in range(12)]
