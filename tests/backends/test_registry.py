@@ -27,7 +27,9 @@ def test_default_is_local() -> None:
 
 @pytest.mark.usefixtures("clean_registry")
 def test_collisions_need_replace_and_names_are_checked() -> None:
-    with pytest.raises(ValueError, match=r"'local' is already registered to gpu_provider\.backends\.local\.LocalBackend"):
+    with pytest.raises(
+        ValueError, match=r"'local' is already registered to gpu_provider\.backends\.local\.LocalBackend"
+    ):
         register_backend("local", "somewhere.Else")
     register_backend("local", "gpu_provider.backends.local.LocalBackend")  # the same path again is fine
     register_backend("mine", "gpu_provider.backends.local.LocalBackend")
