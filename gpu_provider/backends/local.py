@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,6 +76,11 @@ _LOG_CHUNK = 1 << 20
 # Things logged once per process, not once per job (a worker running many jobs would repeat them).
 _logged_once: set[str] = set()
 _logged_once_lock = threading.Lock()
+
+# When each state directory was last pruned of old job folders (by this process).
+_pruned_at: dict[str, float] = {}
+_pruned_lock = threading.Lock()
+_PRUNE_EVERY_S = 600.0
 
 # Supervisors this process started: polled now and then so finished ones are reaped, not left as zombies.
 _children: list[subprocess.Popen[bytes]] = []
@@ -218,6 +224,9 @@ class LocalBackend(Backend):
     :param gpus: ``"auto"`` to detect devices with ``nvidia-smi``, or the device indices to use.
         With no device the jobs run CPU-only (``CUDA_VISIBLE_DEVICES=""``).
     :param nvidia_smi: the ``nvidia-smi`` binary to ask (a name on ``PATH`` or a path).
+    :param retention_days: the folders (state, log) of jobs that ended longer ago than this are
+        deleted, checked at most every 10 minutes when a job is submitted. ``0`` keeps them forever.
+        Default 7.
     """
 
     name: ClassVar[str] = "local"
@@ -232,6 +241,7 @@ class LocalBackend(Backend):
         grace_period: float | str = 10.0,
         gpus: str | Sequence[int] = "auto",
         nvidia_smi: str = "nvidia-smi",
+        retention_days: float | str = 7.0,
     ) -> None:
         if state_dir is not None and not isinstance(state_dir, (str, os.PathLike)):
             raise TypeError(f"state_dir={state_dir!r} ({type(state_dir).__name__}) must be a path string or None")
@@ -240,6 +250,7 @@ class LocalBackend(Backend):
         self._state_dir: Path | None = None
         self.simulate_preemptions = parse_simulate_preemptions(simulate_preemptions)
         self.grace_period = _seconds("grace_period", grace_period)
+        self.retention_days = _seconds("retention_days", retention_days)
         self.gpus = parse_gpus(gpus)
         if not isinstance(nvidia_smi, str) or not nvidia_smi.strip():
             raise ValueError(f"nvidia_smi={nvidia_smi!r} must name the nvidia-smi binary (a name on PATH or a path)")
@@ -264,6 +275,7 @@ class LocalBackend(Backend):
             "grace_period": self.grace_period,
             "gpus": self.gpus if isinstance(self.gpus, str) else list(self.gpus),
             "nvidia_smi": self.nvidia_smi,
+            "retention_days": self.retention_days,
         }
 
     @classmethod
@@ -326,6 +338,7 @@ class LocalBackend(Backend):
         identity = request.identity
         jobs = self._jobs_dir()
         jobs.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._prune_now_and_then()
         spot_index = self._previous_spot_attempts(identity.task) if request.capacity == "spot" else None
         preempt_after = (
             self.simulate_preemptions[spot_index]
@@ -547,6 +560,44 @@ class LocalBackend(Backend):
         requests = (common.read_json(job_dir / common.REQUEST_FILE) for job_dir in jobs.iterdir())
         handles = [JobHandle.from_dict(req["handle"]) for req in requests if req is not None and "handle" in req]
         return sorted(handles, key=lambda h: (h.submitted_at, h.job_id))
+
+    def prune(self, *, now: float | None = None) -> list[str]:
+        """Delete the folders of jobs that ended more than ``retention_days`` ago; return their ids.
+
+        Jobs still running, or whose state cannot be read, are never touched.
+        """
+        jobs = self._jobs_dir()
+        if self.retention_days <= 0 or not jobs.is_dir():
+            return []
+        cutoff = (time.time() if now is None else now) - self.retention_days * 86400
+        removed = []
+        for job_dir in jobs.iterdir():
+            status = common.read_json(job_dir / common.STATUS_FILE) or {}
+            ended_at = status.get("ended_at")
+            if (
+                status.get("state") in common.TERMINAL_STATES
+                and isinstance(ended_at, (int, float))
+                and ended_at < cutoff
+            ):
+                shutil.rmtree(job_dir, ignore_errors=True)
+                removed.append(job_dir.name)
+        if removed:
+            log.info(
+                "removed %d local job folder(s) older than %g days from %s", len(removed), self.retention_days, jobs
+            )
+        return removed
+
+    def _prune_now_and_then(self) -> None:
+        key = str(self.state_dir)
+        now = time.monotonic()
+        with _pruned_lock:
+            if now - _pruned_at.get(key, -math.inf) < _PRUNE_EVERY_S:
+                return
+            _pruned_at[key] = now
+        try:
+            self.prune()
+        except OSError as err:  # housekeeping must never fail a submission
+            log.warning("could not prune old local jobs in %s: %s", key, err)
 
     def job_pids(self, handle: JobHandle) -> list[int]:
         """Pids of the job's node processes (each leads its own process group), in rank order.

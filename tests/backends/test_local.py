@@ -204,6 +204,7 @@ def test_options_round_trip(tmp_path: Path) -> None:
         "grace_period": 3.0,
         "gpus": [0, 1],
         "nvidia_smi": "nvidia-smi",
+        "retention_days": 7.0,
     }
     rebuilt = LocalBackend.from_options(**options)
     assert rebuilt == backend
@@ -648,3 +649,19 @@ def test_command_that_cannot_start(local: Local) -> None:
     assert status.state is JobState.FAILED
     assert status.reason.startswith("could not start node 0: [Errno 2] No such file or directory")
     assert status.exit_code == 127
+
+
+def test_old_finished_job_folders_are_pruned_and_running_ones_kept(local: Local) -> None:
+    done = local.submit(job("print('done')"))
+    local.wait(done)
+    running_job = local.submit(job("import time; time.sleep(30)"), task=TaskKey("dag", "other", "run"))
+    local.wait(running_job, JobState.RUNNING)
+    week_later = time.time() + 7 * 86400 + 60
+    assert local.backend.prune(now=time.time()) == []  # nothing is 7 days old yet
+    assert local.backend.prune(now=week_later) == [done.job_id]
+    assert not Path(done.extra["job_dir"]).exists()
+    assert Path(running_job.extra["job_dir"]).exists()
+    assert local.backend.find_existing(TASK) == []
+    forever = LocalBackend(state_dir=str(local.backend.state_dir), retention_days=0)
+    assert forever.prune(now=week_later * 2) == []
+    assert LocalBackend.from_options(**local.backend.options()).retention_days == 7.0
