@@ -9,8 +9,10 @@ from airflow.sdk import BaseOperatorLink
 if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
 
-#: XCom key under which the operator records the latest attempt's console URL
-CONSOLE_URL_XCOM_KEY = "gpu_job_console_url"
+#: XCom key of the link (Airflow's ``_link_<class>`` convention): the operator writes the latest
+#: attempt's URL there when it submits or reattaches, so the link works while the job runs, and
+#: Airflow's own end-of-task link refresh (``get_link``) keeps it.
+CONSOLE_URL_XCOM_KEY = "_link_GpuJobConsoleLink"
 
 
 class GpuJobConsoleLink(BaseOperatorLink):

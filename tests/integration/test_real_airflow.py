@@ -183,6 +183,10 @@ def test_marking_a_task_failed_cancels_its_job(airflow: Airflow, mode: str) -> N
             "the trigger to run in the triggerer",
         )
     assert pid_alive(pid)
+    # the task's "GPU job" extra link points at the job (for the local backend: its log file)
+    links = airflow.api("GET", f"/dags/{dag_id}/dagRuns/run1/taskInstances/job/links")
+    url = links["extra_links"]["GPU job"]
+    assert url.startswith("file://") and url.endswith("/job.log"), links
     airflow.api("PATCH", f"/dags/{dag_id}/dagRuns/run1/taskInstances/job", {"new_state": "failed"})
     # one poll interval (1 s) and the job's grace period (1 s), with room for a loaded machine
     wait_for(lambda: not pid_alive(pid), 20, "the job to be cancelled")
