@@ -127,9 +127,10 @@ def _summary(results: dict[str, Any]) -> bool:
             continue
         for a in result["attempts"]:
             reason = f" - {a['reason']}" if a.get("reason") else ""
+            start = f"resumed from {_step(a.get('resume_from'))}" if result.get("checkpoint_uri") else "no checkpoint"
             print(
                 f"    attempt {a['attempt']}: {a['capacity']:<9} {a['state']:<9} "
-                f"resumed from {_step(a.get('resume_from'))}; {a['gpu_seconds']:.1f} GPU-s{reason}"
+                f"{start}; {a['gpu_seconds']:.1f} GPU-s{reason}"
             )
         print(f"    GPU-seconds: {result['gpu_seconds']:.1f}   output: {result.get('output_uri')}")
         ok = ok and info["state"].endswith("success")
