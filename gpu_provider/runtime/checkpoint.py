@@ -36,6 +36,7 @@ import re
 import secrets
 import shutil
 import tempfile
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path, PurePosixPath
@@ -149,34 +150,38 @@ def _is_folder_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
 
 
-class _Storage:
+class _Storage(ABC):
     """The few operations the layout needs, implemented once per scheme."""
 
     uri: str
 
+    @abstractmethod
     def read_latest(self) -> str | None:
-        raise NotImplementedError
+        """The folder name ``LATEST`` holds, or ``None`` without one."""
 
+    @abstractmethod
     def write_latest(self, name: str) -> None:
-        raise NotImplementedError
+        """Point ``LATEST`` at ``name`` (atomically where the storage allows)."""
 
+    @abstractmethod
     def exists(self, name: str) -> bool:
-        raise NotImplementedError
+        """Whether the checkpoint folder ``name`` exists."""
 
+    @abstractmethod
     def complete(self) -> list[str]:
         """Complete checkpoint folder names, oldest step first."""
-        raise NotImplementedError
 
+    @abstractmethod
     def delete(self, name: str) -> None:
-        raise NotImplementedError
+        """Remove the checkpoint folder ``name``."""
 
+    @abstractmethod
     def staging(self, name: str) -> Path:
         """A fresh, empty local folder for the caller to write a checkpoint into."""
-        raise NotImplementedError
 
+    @abstractmethod
     def publish(self, staging: Path, name: str) -> None:
         """Make ``staging`` the complete checkpoint ``name`` (without touching ``LATEST``)."""
-        raise NotImplementedError
 
     def discard(self, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
