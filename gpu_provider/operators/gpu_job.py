@@ -392,7 +392,7 @@ class GpuJobOperator(BaseOperator):
             if isinstance(stored, list):
                 records = [r for r in stored if isinstance(r, dict) and "handle" in r]
         known = {r["job_id"] for r in records}
-        records += [self._record(h, None, None, None) for h in backend.find_existing(task) if h.job_id not in known]
+        records += [self._record(h) for h in backend.find_existing(task) if h.job_id not in known]
         if not records:
             return []
         records.sort(key=lambda r: int(r["attempt"]))
@@ -448,7 +448,7 @@ class GpuJobOperator(BaseOperator):
             f"resuming from {resume_from}" if resume_from else "starting fresh (no checkpoint yet)",
             ", ".join(sorted(env)) or "-",
         )
-        records.append(self._record(handle, resume_from, int(context["ti"].try_number), None))
+        records.append(self._record(handle, resume_from, int(context["ti"].try_number)))
         self._persist(context, records)
         self._publish_link(context, plan.backend, handle)
         return self._wait(context, plan, records, handle)
@@ -605,10 +605,9 @@ class GpuJobOperator(BaseOperator):
 
     # ------------------------------------------------------------------ records & results
     @staticmethod
-    def _record(
-        handle: JobHandle, resume_from: str | None, try_number: int | None, status: JobStatus | None
-    ) -> dict[str, Any]:
-        record: dict[str, Any] = {
+    def _record(handle: JobHandle, resume_from: str | None = None, try_number: int | None = None) -> dict[str, Any]:
+        """A new attempt record (resume point and try are unknown for attempts found by lookup)."""
+        return {
             "attempt": handle.attempt,
             "job_id": handle.job_id,
             "name": handle.name,
@@ -624,7 +623,6 @@ class GpuJobOperator(BaseOperator):
             "interruption": None,
             "handle": handle.to_dict(),
         }
-        return record
 
     @staticmethod
     def _update_record(record: dict[str, Any], status: JobStatus) -> None:
