@@ -4,14 +4,18 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 BACKEND ?= local
+# one pinned, tested set of dependencies per Python version (constraints/py3.X.txt)
+PYVER  := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+CONSTRAINTS := constraints/py$(PYVER).txt
 
 .PHONY: demo test lint format bench constraints clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml $(wildcard constraints/*.txt)
+	@test -f $(CONSTRAINTS) || { echo "No pinned dependency set for Python '$(PYVER)' ($(PYTHON)). Supported: $(patsubst constraints/py%.txt,%,$(wildcard constraints/py*.txt)). Use e.g. 'make demo PYTHON=python3.11'."; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing airflow-provider-gpu and its pinned dependencies into $(VENV) (log: $(VENV)/install.log) ..."
 	@$(BIN)/python -m pip install --disable-pip-version-check --upgrade 'pip>=24' > $(VENV)/install.log 2>&1 \
-	  && $(BIN)/python -m pip install --disable-pip-version-check -c constraints.txt -e '.[dev]' >> $(VENV)/install.log 2>&1 \
+	  && $(BIN)/python -m pip install --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev]' >> $(VENV)/install.log 2>&1 \
 	  || { tail -40 $(VENV)/install.log; echo "install failed: see $(VENV)/install.log"; exit 1; }
 	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest"
 	@touch $(STAMP)
@@ -38,10 +42,10 @@ format: $(STAMP)
 bench: $(STAMP)
 	@$(BIN)/python benchmarks/import_cost.py
 
-## Re-pin constraints.txt from the current virtualenv.
+## Re-pin this Python version's constraints file from the current virtualenv.
 constraints: $(STAMP)
-	@(echo "# Pinned, tested set for 'make' targets (Python 3.11). Regenerate: make constraints"; \
-	  $(BIN)/python -m pip freeze --exclude-editable | grep -vi '^airflow-provider-gpu') > constraints.txt
+	@(echo "# Pinned, tested set for 'make' targets on Python $(PYVER). Regenerate: make constraints"; \
+	  $(BIN)/python -m pip freeze --exclude-editable | grep -vi '^airflow-provider-gpu') > $(CONSTRAINTS)
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info
