@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import BaseOperator
 
+from gpu_provider._watch import AttemptWatch
 from gpu_provider.backends.base import (
     Backend,
     JobHandle,
@@ -62,7 +63,6 @@ STATE_KEY = "gpu_provider_attempts"
 _RESERVED_ENV = frozenset({"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"})
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEAM = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_MAX_POLL_ERRORS = 20
 
 
 def _iso(ts: float | None) -> str | None:
@@ -139,11 +139,9 @@ def _backend_is_templated(backend: Any) -> bool:
 
 @dataclass(frozen=True)
 class _Plan:
-    """The rendered, validated job: what every attempt of this try is built from."""
+    """The rendered, validated fields of this try (the untemplated spec stays on the operator)."""
 
     backend: Backend
-    policy: CapacityPolicy
-    resources: GpuResources
     command: list[str]
     env: dict[str, str]
     image: str | None
@@ -234,7 +232,6 @@ class GpuJobOperator(BaseOperator):
         self.checkpoint_uri = ckpt.uri if ckpt else None
         self.checkpoint_keep = ckpt.keep if ckpt else None
         self.team = team
-        self.priority = priority
         self.max_runtime_s = to_seconds("max_runtime", max_runtime)
         if self.max_runtime_s == 0:
             raise ValueError("max_runtime=0 must be > 0 seconds (None for no limit)")
@@ -289,8 +286,6 @@ class GpuJobOperator(BaseOperator):
         poll = self.poll_interval or self._configured_poll_interval(backend)
         return _Plan(
             backend=backend,
-            policy=self.capacity,
-            resources=self.gpu_resources,
             command=_validate_command(self.command),
             env=_validate_env(self.env),
             image=self.image or None,
@@ -407,7 +402,7 @@ class GpuJobOperator(BaseOperator):
     # ------------------------------------------------------------------ attempts
     def _start_attempt(self, context: Context, plan: _Plan, records: list[dict[str, Any]]) -> Any:
         interruptions = _interruptions(records)
-        capacity = plan.policy.capacity_after(interruptions) if interruptions else plan.policy.first_capacity()
+        capacity = self.capacity.capacity_after(interruptions) if interruptions else self.capacity.first_capacity()
         attempt = max((int(r["attempt"]) for r in records), default=0) + 1
         resume_from = self._latest_checkpoint(plan.checkpoint_uri)
         task = self._task_key(context)
@@ -428,7 +423,7 @@ class GpuJobOperator(BaseOperator):
             identity=identity,
             command=tuple(plan.command),
             env=env,
-            resources=plan.resources,
+            resources=self.gpu_resources,
             capacity=capacity,
             image=plan.image,
             max_runtime_s=plan.max_runtime_s,
@@ -443,8 +438,8 @@ class GpuJobOperator(BaseOperator):
             handle.job_id,
             attempt,
             capacity,
-            plan.resources.gpus,
-            plan.resources.nodes,
+            self.gpu_resources.gpus,
+            self.gpu_resources.nodes,
             f"resuming from {resume_from}" if resume_from else "starting fresh (no checkpoint yet)",
             ", ".join(sorted(env)) or "-",
         )
@@ -461,7 +456,7 @@ class GpuJobOperator(BaseOperator):
 
     def _wait(self, context: Context, plan: _Plan, records: list[dict[str, Any]], handle: JobHandle) -> Any:
         self._handle = handle
-        spot_wait = plan.policy.spot_wait_timeout_s if handle.capacity == SPOT else None
+        spot_wait = self.capacity.spot_wait_timeout_s if handle.capacity == SPOT else None
         if self.deferrable:
             from gpu_provider.triggers.gpu_job import GpuJobTrigger
 
@@ -480,43 +475,22 @@ class GpuJobOperator(BaseOperator):
 
     def _wait_sync(self, plan: _Plan, handle: JobHandle, spot_wait: float | None) -> tuple[JobStatus, bool]:
         """Poll in the worker until the attempt ends; stream its log into the task log."""
-        log_pos = 0
-        errors = 0
+        watch = AttemptWatch(plan.backend, handle, spot_wait_timeout=spot_wait, log=self.log)
         while True:
             try:
                 status = plan.backend.poll([handle])[handle.job_id]
-                errors = 0
             except Exception as err:
-                errors += 1
-                if errors >= _MAX_POLL_ERRORS:
+                give_up = watch.failed_read(err)
+                if give_up:
                     raise GpuJobPollError(
-                        f"could not read the status of {plan.backend.name} job {handle.job_id} "
-                        f"{errors} times in a row; last error: {err}. The job may still be running: "
-                        "a retry of this task will reattach to it."
+                        f"{give_up}. The job may still be running: a retry of this task will reattach to it."
                     ) from err
-                self.log.warning("Polling %s job %s failed (%s); trying again.", plan.backend.name, handle.job_id, err)
                 self._stop.wait(plan.poll_interval)
                 continue
-            log_pos = self._stream_logs(plan.backend, handle, log_pos)
-            if status.state.terminal:
-                return status, False
-            if (
-                spot_wait is not None
-                and status.state is JobState.QUEUED
-                and time.time() - handle.submitted_at > spot_wait
-            ):
-                return status, True
+            outcome = watch.read(status)
+            if outcome is not None:
+                return status, outcome == CAPACITY_TIMEOUT
             self._stop.wait(plan.poll_interval)
-
-    def _stream_logs(self, backend: Backend, handle: JobHandle, pos: int) -> int:
-        try:
-            lines, pos = backend.logs(handle, pos)
-        except Exception as err:
-            self.log.debug("Could not read logs of %s: %s", handle.job_id, err)
-            return pos
-        for line in lines:
-            self.log.info("[job] %s", line)
-        return pos
 
     def _attempt_ended(
         self,
@@ -531,7 +505,7 @@ class GpuJobOperator(BaseOperator):
         record = _find_record(records, handle)
         if capacity_timeout:
             reason = (
-                f"no spot capacity after {plan.policy.spot_wait_timeout_s:.0f}s waiting "
+                f"no spot capacity after {self.capacity.spot_wait_timeout_s:.0f}s waiting "
                 f"(spot_wait_timeout); cancelled by Airflow task {self.dag_id}.{self.task_id}"
             )
             plan.backend.cancel(handle, reason)
@@ -555,7 +529,7 @@ class GpuJobOperator(BaseOperator):
             return result
         if record.get("interruption"):
             interruptions = _interruptions(records)
-            budget = plan.policy.max_interruptions
+            budget = self.capacity.max_interruptions
             what = "spot capacity did not come" if capacity_timeout else "treated as a spot interruption"
             if len(interruptions) > budget:
                 raise GpuJobInterruptionBudgetError(
@@ -564,8 +538,8 @@ class GpuJobOperator(BaseOperator):
                     f"(max_interruptions={budget}) is spent; not resubmitting. Raise max_interruptions or use "
                     "capacity='on_demand'."
                 )
-            next_capacity = plan.policy.capacity_after(interruptions)
-            delay = plan.policy.backoff_delay(len(interruptions))
+            next_capacity = self.capacity.capacity_after(interruptions)
+            delay = self.capacity.backoff_delay(len(interruptions))
             self.log.warning(
                 "%s ended %s: %s. %s; resubmitting on %s (attempt %d, interruption %d of at most %d)%s.",
                 where,

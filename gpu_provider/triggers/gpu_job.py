@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from gpu_provider._watch import CAPACITY_TIMEOUT, ENDED, AttemptWatch
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, resolve_backend
 
 #: event statuses, one per way an attempt's wait can end
@@ -27,7 +27,6 @@ EVENT_STATUS_BY_STATE = {
     JobState.PREEMPTED: "preempted",
     JobState.CANCELLED: "cancelled",
 }
-_MAX_POLL_ERRORS = 20
 
 
 class SharedPoller:
@@ -162,58 +161,36 @@ class GpuJobTrigger(BaseTrigger):
             handle.capacity,
             self.poll_interval,
         )
-        errors = 0
-        log_pos = 0
+        watch = AttemptWatch(
+            backend, handle, spot_wait_timeout=self.spot_wait_timeout, log=self.log, stream_logs=self.stream_logs
+        )
         try:
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
-                    errors += 1
-                    self.log.warning("Polling %s job %s failed (%s)", backend.name, handle.job_id, item)
-                    if errors >= _MAX_POLL_ERRORS:
-                        yield self._event(
-                            "poll_error",
-                            None,
-                            f"could not read the status of {backend.name} job {handle.job_id} {errors} times in a "
-                            f"row; last error: {item}",
-                        )
+                    give_up = watch.failed_read(item)
+                    if give_up:
+                        yield self._event("poll_error", None, give_up)
                         return
                     continue
-                errors = 0
-                if self.stream_logs:
-                    log_pos = await self._copy_logs(backend, handle, log_pos)
-                if item.state.terminal:
+                outcome = await asyncio.to_thread(watch.read, item)  # reads logs: not on the event loop
+                if outcome == ENDED:
                     yield self._event(
                         EVENT_STATUS_BY_STATE[item.state],
                         item,
                         f"{backend.name} job {handle.job_id} ended {item.state.value}: {item.reason or '-'}",
                     )
                     return
-                waited = time.time() - handle.submitted_at
-                if (
-                    self.spot_wait_timeout is not None
-                    and item.state is JobState.QUEUED
-                    and waited > self.spot_wait_timeout
-                ):
+                if outcome == CAPACITY_TIMEOUT:
                     yield self._event(
                         "capacity_timeout",
                         item,
-                        f"{backend.name} job {handle.job_id} still queued for spot capacity after {waited:.0f}s "
-                        f"(spot_wait_timeout={self.spot_wait_timeout:.0f}s)",
+                        f"{backend.name} job {handle.job_id} still queued for spot capacity after "
+                        f"{watch.waited():.0f}s (spot_wait_timeout={self.spot_wait_timeout:.0f}s)",
                     )
                     return
         finally:
             poller.unsubscribe(handle, queue)
-
-    async def _copy_logs(self, backend: Backend, handle: JobHandle, pos: int) -> int:
-        try:
-            lines, pos = await asyncio.to_thread(backend.logs, handle, pos)
-        except Exception as err:
-            self.log.debug("Could not read logs of %s: %s", handle.job_id, err)
-            return pos
-        for line in lines:
-            self.log.info("[job] %s", line)
-        return pos
 
     async def on_kill(self) -> None:
         """The deferred task was killed by a user: cancel the job so it stops billing."""
