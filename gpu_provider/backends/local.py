@@ -139,6 +139,20 @@ def _seconds(option: str, value: Any, item: Any = None) -> float:
     return seconds
 
 
+def _split_list_text(option: str, value: str, what: str, usage: str) -> list[Any]:
+    """A list given as template text: JSON (``"[8, 5]"``) or comma-separated (``"8,5"``)."""
+    text = value.strip()
+    if not text.startswith("["):
+        return [part.strip() for part in text.split(",")]
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, list):
+        raise ValueError(f"{option}={value!r} is not a {what}; {usage}")
+    return parsed
+
+
 def parse_simulate_preemptions(value: Any) -> tuple[float, ...]:
     """``[8, 5]``, ``"8,5"``, ``"[8, 5]"``, ``"8"``, ``8`` -> ``(8.0, 5.0)``; ``""``, ``"None"``, ``None`` -> ``()``."""
     usage = "use seconds after start for each spot attempt, e.g. [8, 5] or '8,5' (empty or None: no interruptions)"
@@ -149,16 +163,7 @@ def parse_simulate_preemptions(value: Any) -> tuple[float, ...]:
         text = value.strip()
         if text.lower() in ("", "none", "null"):
             return ()
-        if text.startswith("["):
-            try:
-                parsed = json.loads(text)
-            except ValueError:
-                raise ValueError(f"simulate_preemptions={value!r} is not a list; {usage}") from None
-            if not isinstance(parsed, list):
-                raise ValueError(f"simulate_preemptions={value!r} is not a list; {usage}")
-            items = parsed
-        else:
-            items = [part.strip() for part in text.split(",")]
+        items = _split_list_text("simulate_preemptions", value, "list", usage)
     elif _is_number(value):
         items = [value]
     elif isinstance(value, Sequence):
@@ -181,16 +186,7 @@ def parse_gpus(value: Any) -> str | tuple[int, ...]:
             return "auto"
         if text.lower() in ("", "none", "[]"):
             return ()
-        if text.startswith("["):
-            try:
-                parsed = json.loads(text)
-            except ValueError:
-                raise ValueError(f"gpus={value!r} is not a device list; {usage}") from None
-            if not isinstance(parsed, list):
-                raise ValueError(f"gpus={value!r} is not a device list; {usage}")
-            items = parsed
-        else:
-            items = [part.strip() for part in text.split(",")]
+        items = _split_list_text("gpus", value, "device list", usage)
     elif isinstance(value, Sequence):
         items = list(value)
     else:
