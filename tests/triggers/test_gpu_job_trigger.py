@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobSt
 from gpu_provider.backends.local import LocalBackend
 from gpu_provider.job import GpuResources
 from gpu_provider.triggers.gpu_job import GpuJobTrigger, SharedPoller
+from tests.harness import pid_alive, wait_for
 
 
 class CountingLocalBackend(LocalBackend):
@@ -138,36 +137,23 @@ def test_trigger_on_kill_cancels_the_job(backend: LocalBackend) -> None:
     try:
         trigger = GpuJobTrigger(backend=backend.spec(), handle=handle.to_dict(), poll_interval=0.2)
 
-        async def wait_running_then_kill() -> dict[str, Any]:
-            deadline = time.monotonic() + 20
-            while backend.poll([handle])[handle.job_id].state.value != "RUNNING":
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.1)
+        wait_for(lambda: backend.poll([handle])[handle.job_id].state.value == "RUNNING", 20, "the job to run")
+
+        async def kill_then_wait() -> dict[str, Any]:
             await trigger.on_kill()
             return await _first_event(
                 GpuJobTrigger(backend=backend.spec(), handle=handle.to_dict(), poll_interval=0.2), timeout=20
             )
 
-        event = asyncio.run(wait_running_then_kill())
+        event = asyncio.run(kill_then_wait())
         assert event["status"] == "cancelled"
         assert "killed while deferred" in event["job_status"]["reason"]
         pids = backend.job_pids(handle)
         assert pids, "the job's node pids are recorded"
         for pid in pids:
-            assert not _alive(pid)
+            assert not pid_alive(pid)
     finally:
         _cleanup(backend, [handle])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purpose
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def test_capacity_timeout_for_spot_job_that_never_starts(tmp_path: Path) -> None:
@@ -176,10 +162,7 @@ def test_capacity_timeout_for_spot_job_that_never_starts(tmp_path: Path) -> None
     fake.chmod(0o755)
     be = LocalBackend(state_dir=str(tmp_path / "state"), grace_period=0.5, nvidia_smi=str(fake))
     hog = be.submit(_request(4, [sys.executable, "-c", "import time; time.sleep(30)"]))
-    deadline = time.monotonic() + 20
-    while be.poll([hog])[hog.job_id].state.value != "RUNNING":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_for(lambda: be.poll([hog])[hog.job_id].state.value == "RUNNING", 20, "the GPU hog to run")
     spot = be.submit(_request(5, [sys.executable, "-c", "print('never')"], capacity="spot"))
     try:
         trigger = GpuJobTrigger(backend=be.spec(), handle=spot.to_dict(), poll_interval=0.2, spot_wait_timeout=1.0)
