@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
+from gpu_provider.exceptions import GpuBackendThrottledError
 from gpu_provider.recovery import CAPACITY_TIMEOUT
 
 #: failed status reads in a row before the wait gives up (the job may still run; a retry reattaches)
@@ -54,7 +55,13 @@ class AttemptWatch:
         return time.time() - self.handle.submitted_at
 
     def failed_read(self, err: BaseException) -> str | None:
-        """Count a failed status read; return the message to give up with once there were too many in a row."""
+        """Count a failed status read; return the message to give up with once there were too many in a row.
+
+        Throttling is not counted: the service answered, it only asked us to slow down.
+        """
+        if isinstance(err, GpuBackendThrottledError):
+            self.log.warning("%s; still waiting for job %s.", err, self.handle.job_id)
+            return None
         self.errors += 1
         if self.errors >= MAX_POLL_ERRORS:
             return (

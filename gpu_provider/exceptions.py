@@ -21,3 +21,7 @@ class GpuJobCancelledError(GpuJobError):
 
 class GpuJobPollError(GpuJobError):
     """The job's status could not be read for too long."""
+
+
+class GpuBackendThrottledError(GpuJobError):
+    """The service throttled status reads; a waiting task keeps waiting and never fails for this."""

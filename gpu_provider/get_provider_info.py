@@ -31,36 +31,102 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.operators.gpu_job"]}],
         "sensors": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.sensors.checkpoint"]}],
         "triggers": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.triggers.gpu_job"]}],
-        "extra-links": ["gpu_provider.links.gpu_job.GpuJobConsoleLink"],
+        "extra-links": [
+            "gpu_provider.links.gpu_job.GpuJobConsoleLink",
+            "gpu_provider.links.gpu_job.GpuJobLogsLink",
+        ],
         "config": {
             "gpu_provider": {
                 "description": "Defaults of the GPU job operator and its backends.",
                 "options": {
                     "default_backend": {
-                        "description": "Backend of a GpuJobOperator that does not name one (backend=None). "
-                        "One of the registered backend names.",
+                        "description": "Backend of a GpuJobOperator that does not name one (backend=None). One of the "
+                        "registered backend names.",
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "local",
                         "default": "local",
                     },
                     "poll_interval": {
-                        "description": "Seconds between job status checks when the task does not set "
-                        "poll_interval. Empty: each backend's own default (local: 2, cloud backends: 30). "
-                        "Deferred tasks of one backend share one batched status call per interval.",
+                        "description": "Seconds between job status checks when the task does not set poll_interval. "
+                        "Empty: each backend's own default (local: 2, cloud backends: 30). Deferred "
+                        "tasks of one backend share one batched status call per interval.",
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "15",
                         "default": "",
                     },
                     "local_state_dir": {
-                        "description": "Folder where the local backend keeps each job's state, exit codes and "
-                        "logs (what lets a restarted worker reattach), and its GPU allocations. Empty: "
+                        "description": "Folder where the local backend keeps each job's state, exit codes and logs "
+                        "(what lets a restarted worker reattach), and its GPU allocations. Empty: "
                         "$AIRFLOW_HOME/gpu_provider/local.",
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "/var/lib/airflow/gpu_provider",
                         "default": "",
+                    },
+                    "batch_spot_queue": {
+                        "description": "AWS Batch job queue for spot attempts (backed by a SPOT compute environment, "
+                        "e.g. SPOT_PRICE_CAPACITY_OPTIMIZED). Required for capacity='spot' or "
+                        "'spot_fallback' on the batch backend.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "gpu-spot",
+                        "default": "",
+                    },
+                    "batch_on_demand_queue": {
+                        "description": "AWS Batch job queue for on-demand attempts (backed by an EC2 on-demand compute"
+                        " environment). Required for capacity='on_demand' or 'spot_fallback', and for "
+                        "every multi-node job.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "gpu-on-demand",
+                        "default": "",
+                    },
+                    "batch_aws_conn_id": {
+                        "description": "Airflow AWS connection the batch backend uses (credentials, region, endpoint).",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "aws_default",
+                        "default": "aws_default",
+                    },
+                    "batch_region": {
+                        "description": "AWS region of the Batch queues. Empty: the connection's region.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "us-east-1",
+                        "default": "",
+                    },
+                    "batch_job_role_arn": {
+                        "description": "IAM role the Batch job's container assumes (jobRoleArn), e.g. to read and "
+                        "write checkpoints on S3. Empty: none.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "arn:aws:iam::123456789012:role/gpu-job",
+                        "default": "",
+                    },
+                    "batch_execution_role_arn": {
+                        "description": "IAM role ECS uses to pull the image and read the backend's secrets "
+                        "(executionRoleArn). Empty: none.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "arn:aws:iam::123456789012:role/ecsTaskExecutionRole",
+                        "default": "",
+                    },
+                    "batch_log_group": {
+                        "description": "CloudWatch log group of the Batch jobs.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "/aws/batch/job",
+                        "default": "/aws/batch/job",
+                    },
+                    "batch_share_identifier": {
+                        "description": "Fair-share identifier for jobs of tasks without team= when the queue has a "
+                        "scheduling policy (tasks with team= use the team, '-' written as '_').",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "default",
+                        "default": "default",
                     },
                 },
             }

@@ -130,6 +130,8 @@ class JobRequest:
     """The backend stops the job when it has run this long (enforced by the service, not Airflow)."""
     checkpoint_uri: str | None = None
     resume_from: str | None = None
+    priority: int | None = None
+    """The task's ``priority=`` (backends with service-side priorities use it, e.g. Batch fair share)."""
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITY_TYPES:
@@ -182,6 +184,8 @@ class JobStatus:
     """GPU-seconds consumed so far (GPUs held x wall time running)."""
     output_uri: str | None = None
     """Set when the job declared an output (see ``gpu_provider.runtime.declare_output``)."""
+    log_url: str | None = None
+    """Where a person can read this attempt's log, once the backend knows (e.g. its CloudWatch stream)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -206,6 +210,10 @@ class Backend(ABC):
     name: ClassVar[str]
     #: seconds between status checks unless the task or ``[gpu_provider] poll_interval`` says otherwise
     default_poll_interval: ClassVar[float] = 30.0
+    #: whether a deferred task's trigger copies the job's log into the task log on every tick; a
+    #: backend whose log reads cost one service call per job turns this off, and the worker then
+    #: copies each attempt's whole log when it ends
+    stream_logs_when_deferred: ClassVar[bool] = True
 
     @abstractmethod
     def options(self) -> dict[str, Any]:
@@ -216,12 +224,25 @@ class Backend(ABC):
         """Build a backend from options (strings from templates are accepted and converted)."""
         return cls(**options)
 
-    def validate(self, resources: GpuResources, capacity: str, *, multi_capacity: bool) -> None:  # noqa: B027
+    def validate(  # noqa: B027
+        self,
+        resources: GpuResources,
+        capacity: str,
+        *,
+        multi_capacity: bool,
+        priority: int | None = None,
+        max_runtime_s: float | None = None,
+    ) -> None:
         """Refuse at parse time what this backend can never run (raise ``ValueError``).
 
         :param capacity: the first attempt's capacity
         :param multi_capacity: whether later attempts may use the other capacity type
+        :param priority: the task's ``priority=``, if given
+        :param max_runtime_s: the longest an attempt may run, if limited
         """
+
+    def validate_image(self, image: str | None) -> None:  # noqa: B027
+        """Refuse an image (or its absence) this backend cannot run; called once the image is known."""
 
     @abstractmethod
     def submit(self, request: JobRequest) -> JobHandle:
@@ -250,6 +271,10 @@ class Backend(ABC):
         """Where a person can look at the job (a console link), if anywhere."""
         return None
 
+    def logs_url(self, handle: JobHandle) -> str | None:
+        """Where a person can read the job's log before its status says more (``JobStatus.log_url``)."""
+        return None
+
     def spec(self) -> dict[str, Any]:
         """The mapping form ``{"name": ..., **options}`` that :func:`resolve_backend` accepts."""
         return {"name": self.name, **self.options()}
@@ -271,6 +296,7 @@ DEFAULT_BACKEND = "local"
 
 _REGISTRY: dict[str, str] = {
     "local": "gpu_provider.backends.local.LocalBackend",
+    "batch": "gpu_provider.backends.batch.BatchBackend",
 }
 
 

@@ -39,7 +39,7 @@ from gpu_provider.exceptions import (
     GpuJobPollError,
 )
 from gpu_provider.job import Checkpoint, GpuResources, is_templated, to_seconds, validate_checkpoint_uri
-from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, GpuJobConsoleLink
+from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
 from gpu_provider.recovery import (
     CAPACITY_TIMEOUT,
     PREEMPTED,
@@ -167,7 +167,9 @@ class GpuJobOperator(BaseOperator):
         every attempt resumes from the newest complete checkpoint found there.
     :param team: the team that owns the job: sets ``pool="gpu_<team>"`` and ``pool_slots`` to the
         job's total GPUs rounded up; also tagged on the job for cost attribution.
-    :param priority: sets ``priority_weight`` with the ``absolute`` weight rule.
+    :param priority: sets ``priority_weight`` with the ``absolute`` weight rule; backends with
+        service-side priorities also pass it on (Batch: ``schedulingPriorityOverride`` on fair-share
+        queues, 0-9999).
     :param max_runtime: longest one attempt may run (timedelta or seconds), enforced by the backend
         on the job itself; ``execution_timeout``, if shorter, is enforced the same way.
     :param deferrable: wait in the triggerer instead of a worker slot (default:
@@ -181,7 +183,7 @@ class GpuJobOperator(BaseOperator):
     ui_color = "#c9f0d6"
     # runtime-only state (a lock inside) is shared, not deep-copied, when Airflow copies the task
     shallow_copy_attrs: Sequence[str] = ("_stop",)
-    operator_extra_links = (GpuJobConsoleLink(),)
+    operator_extra_links = (GpuJobConsoleLink(), GpuJobLogsLink())
 
     def __init__(
         self,
@@ -232,6 +234,7 @@ class GpuJobOperator(BaseOperator):
         self.checkpoint_uri = ckpt.uri if ckpt else None
         self.checkpoint_keep = ckpt.keep if ckpt else None
         self.team = team
+        self.job_priority = priority
         self.max_runtime_s = to_seconds("max_runtime", max_runtime)
         if self.max_runtime_s == 0:
             raise ValueError("max_runtime=0 must be > 0 seconds (None for no limit)")
@@ -249,14 +252,17 @@ class GpuJobOperator(BaseOperator):
 
         # parse-time checks of what is already known
         if not _backend_is_templated(backend):
-            resolve_backend(backend).validate(
-                self.gpu_resources, self.capacity.first_capacity(), multi_capacity=len(self.capacity.may_use) > 1
-            )
+            known = resolve_backend(backend)
+            self._validate_for(known, self._runtime_limit(self.max_runtime_s))
+            if not is_templated(image):
+                known.validate_image(image or None)
         elif isinstance(backend, Mapping) and not is_templated(backend.get("name")):
             check_backend_name(str(backend.get("name")))
         self._warn_spot_without_checkpoint()
         self._handle: JobHandle | None = None
         self._backend: Backend | None = None
+        self._run_id: str | None = None
+        self._log_link: str | None = None
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ parse & render checks
@@ -278,25 +284,37 @@ class GpuJobOperator(BaseOperator):
         """Validate the rendered fields (templates are resolved by now) and fix the job for this try."""
         backend = resolve_backend(self.backend)
         self._backend = backend
-        backend.validate(
-            self.gpu_resources, self.capacity.first_capacity(), multi_capacity=len(self.capacity.may_use) > 1
-        )
+        self._run_id = str(context["ti"].run_id)
+        max_runtime_s = self._runtime_limit(self.max_runtime_s)
+        self._validate_for(backend, max_runtime_s)
+        image = self.image or None
+        backend.validate_image(image)
         checkpoint_uri = validate_checkpoint_uri(self.checkpoint_uri) if self.checkpoint_uri else None
-        runtime_limits = [s for s in (self.max_runtime_s, self._execution_timeout_s()) if s]
         poll = self.poll_interval or self._configured_poll_interval(backend)
         return _Plan(
             backend=backend,
             command=_validate_command(self.command),
             env=_validate_env(self.env),
-            image=self.image or None,
+            image=image,
             checkpoint_uri=checkpoint_uri,
-            max_runtime_s=min(runtime_limits) if runtime_limits else None,
+            max_runtime_s=max_runtime_s,
             poll_interval=poll,
         )
 
-    def _execution_timeout_s(self) -> float | None:
+    def _validate_for(self, backend: Backend, max_runtime_s: float | None) -> None:
+        backend.validate(
+            self.gpu_resources,
+            self.capacity.first_capacity(),
+            multi_capacity=len(self.capacity.may_use) > 1,
+            priority=self.job_priority,
+            max_runtime_s=max_runtime_s,
+        )
+
+    def _runtime_limit(self, max_runtime_s: float | None) -> float | None:
+        """The shorter of ``max_runtime`` and ``execution_timeout``: the backend enforces it on the job."""
         timeout = self.execution_timeout
-        return timeout.total_seconds() if isinstance(timeout, timedelta) else None
+        limits = [s for s in (max_runtime_s, timeout.total_seconds() if isinstance(timeout, timedelta) else None) if s]
+        return min(limits) if limits else None
 
     @staticmethod
     def _configured_poll_interval(backend: Backend) -> float:
@@ -356,6 +374,9 @@ class GpuJobOperator(BaseOperator):
         if event["status"] == "poll_error":
             raise GpuJobPollError(event.get("message") or "could not read the job's status")
         status = JobStatus.from_dict(event["job_status"])
+        self._publish_log_link(context, status.log_url)
+        if not plan.backend.stream_logs_when_deferred:
+            self._copy_log(plan.backend, handle)
         timed_out = event["status"] == "capacity_timeout"
         return self._attempt_ended(context, plan, records, handle, status, capacity_timeout=timed_out)
 
@@ -429,6 +450,7 @@ class GpuJobOperator(BaseOperator):
             max_runtime_s=plan.max_runtime_s,
             checkpoint_uri=plan.checkpoint_uri,
             resume_from=resume_from,
+            priority=self.job_priority,
         )
         handle = plan.backend.submit(request)
         self._handle = handle
@@ -448,11 +470,17 @@ class GpuJobOperator(BaseOperator):
         self._publish_link(context, plan.backend, handle)
         return self._wait(context, plan, records, handle)
 
-    @staticmethod
-    def _publish_link(context: Context, backend: Backend, handle: JobHandle) -> None:
+    def _publish_link(self, context: Context, backend: Backend, handle: JobHandle) -> None:
         url = backend.console_url(handle)
         if url:
             context["ti"].xcom_push(key=CONSOLE_URL_XCOM_KEY, value=url)
+        self._publish_log_link(context, backend.logs_url(handle))
+
+    def _publish_log_link(self, context: Context, url: str | None) -> None:
+        """Point the "GPU job logs" button at ``url`` (the newest known place of the attempt's log)."""
+        if url and url != self._log_link:
+            context["ti"].xcom_push(key=LOGS_URL_XCOM_KEY, value=url)
+            self._log_link = url
 
     def _wait(self, context: Context, plan: _Plan, records: list[dict[str, Any]], handle: JobHandle) -> Any:
         self._handle = handle
@@ -466,14 +494,18 @@ class GpuJobOperator(BaseOperator):
                     handle=handle.to_dict(),
                     poll_interval=plan.poll_interval,
                     spot_wait_timeout=spot_wait,
+                    stream_logs=plan.backend.stream_logs_when_deferred,
+                    task_label=self._task_label(),
                 ),
                 method_name="execute_complete",
                 kwargs={"records": records},
             )
-        status, timed_out = self._wait_sync(plan, handle, spot_wait)
+        status, timed_out = self._wait_sync(context, plan, handle, spot_wait)
         return self._attempt_ended(context, plan, records, handle, status, capacity_timeout=timed_out)
 
-    def _wait_sync(self, plan: _Plan, handle: JobHandle, spot_wait: float | None) -> tuple[JobStatus, bool]:
+    def _wait_sync(
+        self, context: Context, plan: _Plan, handle: JobHandle, spot_wait: float | None
+    ) -> tuple[JobStatus, bool]:
         """Poll in the worker until the attempt ends; stream its log into the task log."""
         watch = AttemptWatch(plan.backend, handle, spot_wait_timeout=spot_wait, log=self.log)
         while True:
@@ -487,6 +519,7 @@ class GpuJobOperator(BaseOperator):
                     ) from err
                 self._stop.wait(plan.poll_interval)
                 continue
+            self._publish_log_link(context, status.log_url)
             outcome = watch.read(status)
             if outcome is not None:
                 return status, outcome == CAPACITY_TIMEOUT
@@ -645,6 +678,23 @@ class GpuJobOperator(BaseOperator):
 
         return latest_checkpoint(uri)
 
+    def _copy_log(self, backend: Backend, handle: JobHandle) -> None:
+        """Copy an attempt's whole log into the task log (when the trigger did not stream it)."""
+        position = 0
+        try:
+            while True:
+                lines, position = backend.logs(handle, position)
+                for line in lines:
+                    self.log.info("[job] %s", line)
+                if not lines:
+                    break
+        except Exception as err:  # the log is a convenience; it never fails the task
+            self.log.warning("Could not read the log of %s job %s: %s", backend.name, handle.job_id, err)
+
+    def _task_label(self) -> str:
+        run = f" of run {self._run_id}" if self._run_id else ""
+        return f"Airflow task {self.dag_id}.{self.task_id}{run}"
+
     # ------------------------------------------------------------------ kill
     def on_kill(self) -> None:
         """Cancel the running attempt: a killed task must leave no GPU job behind."""
@@ -654,7 +704,7 @@ class GpuJobOperator(BaseOperator):
             return
         try:
             backend = self._backend or resolve_backend(self.backend)
-            backend.cancel(handle, f"Airflow task {self.dag_id}.{self.task_id} was killed")
+            backend.cancel(handle, f"{self._task_label()} was killed")
             self.log.info("Cancelled %s job %s because the task was killed.", backend.name, handle.job_id)
         except Exception:
             self.log.exception("Could not cancel job %s on kill", handle.job_id)

@@ -108,6 +108,7 @@ class GpuJobTrigger(BaseTrigger):
     :param spot_wait_timeout: seconds from submission after which a still-queued attempt fires
         ``capacity_timeout`` (None: wait forever).
     :param stream_logs: copy the job's new log lines into the task log on every tick.
+    :param task_label: names the task and run in the reason given to the service when a kill cancels the job.
     """
 
     def __init__(
@@ -118,6 +119,7 @@ class GpuJobTrigger(BaseTrigger):
         poll_interval: float = 30.0,
         spot_wait_timeout: float | None = None,
         stream_logs: bool = True,
+        task_label: str | None = None,
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.backend = dict(backend)
@@ -125,6 +127,7 @@ class GpuJobTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.spot_wait_timeout = None if spot_wait_timeout is None else float(spot_wait_timeout)
         self.stream_logs = stream_logs
+        self.task_label = task_label
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -135,6 +138,7 @@ class GpuJobTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "spot_wait_timeout": self.spot_wait_timeout,
                 "stream_logs": self.stream_logs,
+                "task_label": self.task_label,
             },
         )
 
@@ -196,4 +200,5 @@ class GpuJobTrigger(BaseTrigger):
         """The deferred task was killed by a user: cancel the job so it stops billing."""
         backend = resolve_backend(self.backend)
         handle = JobHandle.from_dict(self.handle)
-        await asyncio.to_thread(backend.cancel, handle, f"Airflow task of job {handle.name} was killed while deferred")
+        who = self.task_label or f"Airflow task of job {handle.name}"
+        await asyncio.to_thread(backend.cancel, handle, f"{who} was killed while deferred")

@@ -1,0 +1,195 @@
+"""The Batch backend's pure parts: the state table, failure reasons, parse-time refusals, request bodies.
+
+Nothing here talks to a server; tests/backends/test_batch_backend.py runs the backend against the emulator.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpu_provider import GpuResources, SpotFallback
+from gpu_provider.backends.base import JobIdentity, JobRequest, JobState, TaskKey, resolve_backend
+from gpu_provider.backends.batch import (
+    CANCEL_PREFIX,
+    MULTI_NODE_ENTRY,
+    STATE_TABLE,
+    BatchBackend,
+    console_log_url,
+    refine_failure,
+)
+from gpu_provider.operators import GpuJobOperator
+
+QUEUES = {"spot_queue": "gpu-spot", "on_demand_queue": "gpu-on-demand"}
+
+
+def _request(nodes: int = 1, gpus: float = 1, capacity: str = "on-demand", **kwargs: object) -> JobRequest:
+    identity = JobIdentity(
+        task=TaskKey("dag", "train", "manual__2026", -1), try_number=1, attempt=1, capacity=capacity, team="ml-infra"
+    )
+    return JobRequest(
+        identity=identity,
+        command=("python", "train.py"),
+        env={"GPU_PROVIDER_ATTEMPT": "1", "TOKEN_NAME": "x"},
+        resources=GpuResources(gpus=gpus, nodes=nodes, cpu=8, memory="30Gi"),
+        capacity=capacity,
+        image="123.dkr.ecr.us-east-1.amazonaws.com/train:1",
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("remote", "state"),
+    [
+        ("SUBMITTED", JobState.QUEUED),
+        ("PENDING", JobState.QUEUED),
+        ("RUNNABLE", JobState.QUEUED),
+        ("STARTING", JobState.STARTING),
+        ("RUNNING", JobState.RUNNING),
+        ("SUCCEEDED", JobState.SUCCEEDED),
+        ("FAILED", JobState.FAILED),
+    ],
+)
+def test_state_table_covers_every_batch_state(remote: str, state: JobState) -> None:
+    assert STATE_TABLE[remote] is state
+
+
+@pytest.mark.parametrize(
+    ("job", "state", "reason"),
+    [
+        ({"statusReason": "Host EC2 (instance i-0abc123) terminated."}, JobState.PREEMPTED, "Host EC2"),
+        (
+            {
+                "statusReason": "Essential container in task exited",
+                "attempts": [{"statusReason": "Host EC2 (instance i-1) terminated."}],
+            },
+            JobState.PREEMPTED,
+            "Host EC2 (instance i-1)",
+        ),
+        ({"statusReason": "Your Spot Instance was interrupted"}, JobState.PREEMPTED, "Spot Instance"),
+        (
+            {"statusReason": CANCEL_PREFIX + "Airflow task d.t was killed"},
+            JobState.CANCELLED,
+            "Airflow task d.t was killed",
+        ),
+        (
+            {"statusReason": "Essential container in task exited", "attempts": [{"container": {"exitCode": 3}}]},
+            JobState.FAILED,
+            "Essential container in task exited",
+        ),
+        ({"statusReason": "Job attempt duration exceeded timeout"}, JobState.FAILED, "max_runtime"),
+        ({}, JobState.FAILED, "no reason given"),
+        # a person terminating the job in the console is the job's end, not an interruption
+        ({"statusReason": "Terminated by operator"}, JobState.FAILED, "Terminated by operator"),
+    ],
+)
+def test_failed_jobs_are_read_for_preemption_and_cancel(job: dict, state: JobState, reason: str) -> None:
+    got_state, got_reason = refine_failure(job)
+    assert got_state is state
+    assert reason in got_reason
+
+
+def test_multi_node_on_spot_is_refused_at_parse_time_with_what_to_use_instead() -> None:
+    with pytest.raises(ValueError, match=r"resources.nodes=2 with spot capacity.*capacity='on_demand'"):
+        GpuJobOperator(
+            task_id="t",
+            command=["x"],
+            image="img",
+            backend={"name": "batch", **QUEUES},
+            resources=GpuResources(gpus=8, nodes=2),
+            capacity=SpotFallback(),
+        )
+    # on-demand multi-node is fine
+    GpuJobOperator(
+        task_id="t",
+        command=["x"],
+        image="img",
+        backend={"name": "batch", **QUEUES},
+        resources=GpuResources(gpus=8, nodes=2),
+        capacity="on_demand",
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"capacity": "spot", "backend": {"name": "batch", "on_demand_queue": "q"}}, "no spot_queue"),
+        ({"backend": {"name": "batch", "spot_queue": "q"}}, "no on_demand_queue"),
+        ({"image": None}, "image=None"),
+        ({"resources": GpuResources(gpus=0.5)}, r"resources.gpus=0.5.*whole GPUs"),
+        ({"resources": GpuResources(instance_types=("g5.xlarge",))}, "compute environment behind the job queue"),
+        ({"priority": 10000}, r"priority=10000.*0-9999"),
+        ({"max_runtime": 30}, r"max_runtime=30s.*60s"),
+        ({"backend": {"name": "batch", **QUEUES, "master_port": "http"}}, "master_port='http'"),
+        ({"backend": {"name": "batch", **QUEUES, "secrets": {"HF_TOKEN": "hf_abcdef"}}}, "must be the ARN"),
+        ({"backend": {"name": "batch", **QUEUES, "share_identifier": "ml-infra"}}, "share_identifier='ml-infra'"),
+        ({"backend": {"name": "batch", **QUEUES, "queue": "x"}}, "bad options for the 'batch' backend"),
+    ],
+)
+def test_bad_batch_input_is_refused_at_parse_time(kwargs: dict, match: str) -> None:
+    args = {"task_id": "t", "command": ["x"], "image": "img", "backend": {"name": "batch", **QUEUES}, **kwargs}
+    with pytest.raises((ValueError, TypeError), match=match) as err:
+        GpuJobOperator(**args)
+    assert "hf_abcdef" not in str(err.value), "a secret value must never be echoed"
+
+
+def test_queues_and_options_come_from_the_config_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE", "cfg-spot")
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__BATCH_ON_DEMAND_QUEUE", "cfg-od")
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__BATCH_LOG_GROUP", "/gpu/jobs")
+    backend = resolve_backend("batch")
+    assert isinstance(backend, BatchBackend)
+    assert (backend.spot_queue, backend.on_demand_queue, backend.log_group) == ("cfg-spot", "cfg-od", "/gpu/jobs")
+    # an explicit option wins; the spec round-trips through JSON (it travels to the triggerer)
+    explicit = resolve_backend({"name": "batch", "spot_queue": "mine"})
+    assert explicit.options()["spot_queue"] == "mine"
+    assert resolve_backend(json.loads(json.dumps(explicit.spec()))) == explicit
+
+
+def test_job_definition_is_named_by_its_content_and_holds_resources() -> None:
+    backend = BatchBackend(**QUEUES, job_role_arn="arn:aws:iam::1:role/job")
+    body = backend.job_definition(_request())
+    again = backend.job_definition(_request())
+    assert body == again
+    assert body["jobDefinitionName"].startswith("gp-dag-train-")
+    container = body["containerProperties"]
+    assert container["resourceRequirements"] == [
+        {"type": "GPU", "value": "1"},
+        {"type": "VCPU", "value": "8"},
+        {"type": "MEMORY", "value": str(30 * 1024)},
+    ]
+    assert container["jobRoleArn"] == "arn:aws:iam::1:role/job"
+    assert "environment" not in container, "per-attempt values travel as overrides"
+    changed = backend.job_definition(_request(gpus=2))
+    assert changed["jobDefinitionName"] != body["jobDefinitionName"]
+
+
+def test_multi_node_definition_wraps_the_command_for_rendezvous() -> None:
+    body = BatchBackend(**QUEUES).job_definition(_request(nodes=4, gpus=8))
+    assert body["type"] == "multinode"
+    props = body["nodeProperties"]
+    assert (props["numNodes"], props["mainNode"]) == (4, 0)
+    (node_range,) = props["nodeRangeProperties"]
+    assert node_range["targetNodes"] == "0:"
+    assert node_range["container"]["command"] == [
+        "/bin/sh",
+        "-c",
+        MULTI_NODE_ENTRY,
+        "gpu-provider-entry",
+        "python",
+        "train.py",
+    ]
+    plain = BatchBackend(**QUEUES, multi_node_entry=False).job_definition(_request(nodes=4, gpus=8))
+    assert plain["nodeProperties"]["nodeRangeProperties"][0]["container"]["command"] == ["python", "train.py"]
+
+
+def test_console_links_use_the_consoles_encoding() -> None:
+    url = console_log_url("eu-west-1", "/aws/batch/job", "gp-def/default/abc123")
+    assert url == (
+        "https://eu-west-1.console.aws.amazon.com/cloudwatch/home?region=eu-west-1#logsV2:log-groups/log-group/"
+        "$252Faws$252Fbatch$252Fjob/log-events/gp-def$252Fdefault$252Fabc123"
+    )
+    assert console_log_url("eu-west-1", "/aws/batch/job", stream_prefix="gp-def/").endswith(
+        "$252Faws$252Fbatch$252Fjob$3FlogStreamNameFilter$3Dgp-def$252F"
+    )
