@@ -6,7 +6,15 @@ and the next stage's command reads it with ``ti.xcom_pull``. The schedule is wee
 path comes from the data interval, so a backfill retrains on past weeks.
 
 Trigger it from the UI to get a form (backend per stage, epochs, simulated spot interruption).
-``make demo`` runs it on the local backend with one simulated interruption during training.
+``make demo`` runs it on the local backend with one simulated interruption during training;
+``make demo BACKEND=batch`` on AWS Batch (an emulator), with one spot job reclaimed during training.
+
+Which backend a deployment runs the stages on by default is read when the file is parsed, from
+``GPU_PIPELINE_BACKEND`` (default ``local``), because it shapes the stages: AWS Batch gives whole
+GPUs only and cannot run multi-node jobs on spot, so there training is one node with spot
+fallback and inference takes a whole GPU; elsewhere training runs on 2 nodes and inference
+shares half a GPU. ``GPU_PIPELINE_IMAGE`` is the container image of the stages on container
+backends.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ _DATA_ROOT = os.environ.get(
     "GPU_PIPELINE_DATA_ROOT",
     "file://" + str(Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "gpu_pipeline_data"),
 )
-_BACKENDS = ["local"]  # more backends register as they land; the form offers what is installed
+_BACKEND = os.environ.get("GPU_PIPELINE_BACKEND", "local")
+_ON_BATCH = _BACKEND == "batch"
+_BACKENDS = ["local", "batch"]  # the backends this example is shaped for
 
 WEEK = "{{ params.data_root }}/{{ data_interval_start | ds }}"
 RUN = WEEK + "/runs/{{ run_id | replace(':', '-') | replace('+', '_') }}"
@@ -45,9 +55,14 @@ with DAG(
     tags=["gpu", "example"],
     default_args={"retries": 1, "retry_delay": timedelta(seconds=5)},
     params={
-        "preprocess_backend": Param("local", type="string", enum=_BACKENDS, title="Backend: preprocess"),
-        "train_backend": Param("local", type="string", enum=_BACKENDS, title="Backend: training"),
-        "infer_backend": Param("local", type="string", enum=_BACKENDS, title="Backend: inference"),
+        "preprocess_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: preprocess"),
+        "train_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: training"),
+        "infer_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: inference"),
+        "image": Param(
+            os.environ.get("GPU_PIPELINE_IMAGE", ""),
+            type="string",
+            title="Container image of the jobs (container backends such as batch; unused locally)",
+        ),
         "epochs": Param(4, type="integer", minimum=1, maximum=100, title="Training epochs"),
         "step_delay": Param(
             0.05, type="number", minimum=0, title="Seconds per training step (slows the toy model down)"
@@ -69,6 +84,7 @@ with DAG(
     preprocess = GpuJobOperator(
         task_id="preprocess",
         backend="{{ params.preprocess_backend }}",
+        image="{{ params.image }}",
         command=[
             "{{ params.python }}",
             "{{ params.jobs_dir }}/preprocess.py",
@@ -93,6 +109,7 @@ with DAG(
             # a LocalBackend option; renders empty (= not given) on other backends
             "simulate_preemptions": "{{ params.simulate_preemption_after if params.train_backend == 'local' else '' }}",
         },
+        image="{{ params.image }}",
         command=[
             "{{ params.python }}",
             "{{ params.jobs_dir }}/train.py",
@@ -105,7 +122,8 @@ with DAG(
             "--step-delay",
             "{{ params.step_delay }}",
         ],
-        resources=GpuResources(gpus=1, nodes=2),
+        # Batch cannot run multi-node jobs on spot: one node there, two elsewhere
+        resources=GpuResources(gpus=1, nodes=1 if _ON_BATCH else 2),
         capacity=SpotFallback(after_preemptions=1, spot_wait_timeout=timedelta(minutes=10)),
         checkpoint=Checkpoint(uri=RUN + "/checkpoints", keep=3),
         team="research",
@@ -116,6 +134,7 @@ with DAG(
     infer = GpuJobOperator(
         task_id="batch_inference",
         backend="{{ params.infer_backend }}",
+        image="{{ params.image }}",
         command=[
             "{{ params.python }}",
             "{{ params.jobs_dir }}/infer.py",
@@ -126,7 +145,8 @@ with DAG(
             "--out",
             RUN + "/predictions",
         ],
-        resources=GpuResources(gpus=0.5),
+        # Batch gives whole GPUs; elsewhere inference shares one
+        resources=GpuResources(gpus=1 if _ON_BATCH else 0.5),
         capacity="spot",
         team="research",
         priority=10,

@@ -1,9 +1,14 @@
-"""`make demo`: run the example pipeline end to end on the local backend and say what happened.
+"""`make demo`: run the example pipeline end to end and say what happened.
 
 It uses a fresh, temporary Airflow home under ``.demo/`` (SQLite metadata DB), runs
-``dags/gpu_ml_pipeline.py`` with ``dag.test()`` with one simulated spot interruption during
-training, shows the key moments as they happen, and ends with a summary per stage read from the
-tasks' XCom results.
+``dags/gpu_ml_pipeline.py`` with ``dag.test()`` with one spot interruption during training, shows
+the key moments as they happen, and ends with a summary per stage read from the tasks' XCom results.
+
+``--backend local`` (the default) runs the jobs as local processes and simulates the interruption.
+``--backend batch`` runs every stage as an AWS Batch job against a local Batch emulator (moto in
+server mode, ``emulators/aws_batch.py``) that this script starts and stops: its job containers
+run as local processes, and the first spot training job's host is "reclaimed" 4 s after it starts,
+so the job ends ``Host EC2 (instance i-...) terminated.`` and is resubmitted to the on-demand queue.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ _TS_PREFIX = re.compile(r"^.*?(?=(Submitted|Reattaching|\[job\]|\w+ job gp-))")
 _SUFFIX = re.compile(r"(; env keys:.*|\s+\[airflow\.[^\]]*\].*)$")
 
 
-def _environment(backend: str) -> dict[str, str]:
+def _environment(backend: str, emulator: dict[str, Any] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
@@ -44,10 +49,78 @@ def _environment(backend: str) -> dict[str, str]:
             "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(DEMO / "local-jobs"),
             "GPU_PIPELINE_DATA_ROOT": "file://" + str(DEMO / "data"),
             "GPU_DEMO_BACKEND": backend,
+            "GPU_PIPELINE_BACKEND": backend,
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if emulator is not None:
+        connection = {
+            "conn_type": "aws",
+            "extra": {"endpoint_url": emulator["endpoint_url"], "region_name": emulator["region"]},
+        }
+        env.update(
+            {
+                "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(connection),
+                "AWS_ACCESS_KEY_ID": "demo",
+                "AWS_SECRET_ACCESS_KEY": "demo",
+                "AWS_DEFAULT_REGION": emulator["region"],
+                "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": emulator["spot_queue"],
+                "AIRFLOW__GPU_PROVIDER__BATCH_ON_DEMAND_QUEUE": emulator["on_demand_queue"],
+                "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "1",
+                "GPU_PIPELINE_IMAGE": "gpu-pipeline:demo",
+            }
+        )
     return env
+
+
+class _Emulator:
+    """The AWS Batch emulator as a child process, for ``--backend batch``."""
+
+    def __init__(self) -> None:
+        ready = DEMO / "emulator.json"
+        self.log_path = DEMO / "emulator.log"
+        self.log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "emulators.aws_batch",
+                "serve",
+                "--port",
+                "0",
+                "--job-cwd",
+                str(REPO),
+                "--ready-file",
+                str(ready),
+                "--preempt-after",
+                "4",
+                "--preempt-queue",
+                "gpu-spot",
+                "--preempt-name-contains",
+                "-train-",
+            ],
+            cwd=REPO,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the Batch emulator did not start; see {self.log_path}")
+            time.sleep(0.1)
+        self.info: dict[str, Any] = json.loads(ready.read_text())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self.log.close()
 
 
 def _run_child(env: dict[str, str], log_path: Path) -> int:
@@ -127,6 +200,7 @@ def _summary(results: dict[str, Any]) -> bool:
             continue
         for a in result["attempts"]:
             reason = f" - {a['reason']}" if a.get("reason") else ""
+            reason = (f" queue {a['queue']}" if a.get("queue") else "") + reason
             start = f"resumed from {_step(a.get('resume_from'))}" if result.get("checkpoint_uri") else "no checkpoint"
             print(
                 f"    attempt {a['attempt']}: {a['capacity']:<9} {a['state']:<9} "
@@ -145,17 +219,30 @@ def main() -> int:
     if args.child:
         _child()
         return 0
-    if args.backend != "local":
-        print(f"make demo BACKEND={args.backend}: only the local backend exists in this version.", file=sys.stderr)
+    if args.backend not in ("local", "batch"):
+        print(f"make demo BACKEND={args.backend}: the demo runs on 'local' or 'batch'.", file=sys.stderr)
         return 2
     shutil.rmtree(DEMO, ignore_errors=True)
     DEMO.mkdir(parents=True)
     log_path = DEMO / "airflow.log"
-    print("airflow-provider-gpu demo: gpu_ml_pipeline on the local backend")
-    print("  preprocess -> train (2 nodes, spot with on-demand fallback, one simulated interruption) -> inference")
-    print(f"  Airflow home and data under {DEMO.relative_to(REPO)}/, full log in {log_path.relative_to(REPO)}\n")
     started = time.monotonic()
-    rc = _run_child(_environment(args.backend), log_path)
+    if args.backend == "batch":
+        print("airflow-provider-gpu demo: gpu_ml_pipeline on AWS Batch (a local emulator: moto server, jobs run here)")
+        print("  preprocess -> train (1 node, spot queue with on-demand fallback; the spot host is reclaimed 4 s in)")
+        print("  -> inference (spot queue)")
+        emulator = _Emulator()
+        print(f"  Batch emulator at {emulator.info['endpoint_url']}: queues {emulator.info['spot_queue']} (spot), ")
+        print(f"  {emulator.info['on_demand_queue']} (on-demand); its log: {emulator.log_path.relative_to(REPO)}")
+    else:
+        print("airflow-provider-gpu demo: gpu_ml_pipeline on the local backend")
+        print("  preprocess -> train (2 nodes, spot with on-demand fallback, one simulated interruption) -> inference")
+        emulator = None
+    print(f"  Airflow home and data under {DEMO.relative_to(REPO)}/, full log in {log_path.relative_to(REPO)}\n")
+    try:
+        rc = _run_child(_environment(args.backend, emulator.info if emulator else None), log_path)
+    finally:
+        if emulator is not None:
+            emulator.stop()
     result_file = DEMO / "result.json"
     if rc != 0 or not result_file.exists():
         print(f"\nThe demo failed (exit {rc}); last lines of {log_path}:", file=sys.stderr)

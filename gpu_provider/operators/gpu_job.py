@@ -425,7 +425,7 @@ class GpuJobOperator(BaseOperator):
         interruptions = _interruptions(records)
         capacity = self.capacity.capacity_after(interruptions) if interruptions else self.capacity.first_capacity()
         attempt = max((int(r["attempt"]) for r in records), default=0) + 1
-        resume_from = self._latest_checkpoint(plan.checkpoint_uri)
+        resume_from = self._latest_checkpoint(plan.backend, plan.checkpoint_uri)
         task = self._task_key(context)
         identity = JobIdentity(
             task=task, try_number=int(context["ti"].try_number), attempt=attempt, capacity=capacity, team=self.team
@@ -628,6 +628,7 @@ class GpuJobOperator(BaseOperator):
             "gpu_seconds": 0.0,
             "output_uri": None,
             "interruption": None,
+            "queue": handle.extra.get("queue"),
             "handle": handle.to_dict(),
         }
 
@@ -671,12 +672,14 @@ class GpuJobOperator(BaseOperator):
         }
 
     @staticmethod
-    def _latest_checkpoint(uri: str | None) -> str | None:
+    def _latest_checkpoint(backend: Backend, uri: str | None) -> str | None:
+        """The newest complete checkpoint at ``uri`` (S3 through the backend's AWS connection, or aws_default)."""
         if not uri:
             return None
+        from gpu_provider._aws import s3_client_for
         from gpu_provider.runtime.checkpoint import latest_checkpoint
 
-        return latest_checkpoint(uri)
+        return latest_checkpoint(uri, s3_client=s3_client_for(uri, getattr(backend, "aws_conn_id", None)))
 
     def _copy_log(self, backend: Backend, handle: JobHandle) -> None:
         """Copy an attempt's whole log into the task log (when the trigger did not stream it)."""

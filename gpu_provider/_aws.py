@@ -1,0 +1,20 @@
+"""Clients for the worker side of S3 checkpoints, through the Airflow AWS connection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_AWS_CONN_ID = "aws_default"
+
+
+def s3_client_for(uri: str, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID) -> Any:
+    """An S3 client from the Airflow connection for an ``s3://`` URI, ``None`` for other schemes.
+
+    A connection id that does not exist falls back to boto3's default credentials (the amazon
+    provider's behaviour), so a worker with an instance role needs no connection.
+    """
+    if not uri.startswith("s3://"):
+        return None
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    return AwsBaseHook(aws_conn_id=aws_conn_id or DEFAULT_AWS_CONN_ID, client_type="s3").get_conn()
