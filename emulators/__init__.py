@@ -1,0 +1,8 @@
+"""Local emulators of the cloud services the provider talks to, for tests and ``make demo``.
+
+Nothing in ``gpu_provider`` imports this package: it exists only so that the product's backends can be
+exercised end to end against a real HTTP endpoint on one machine, without an AWS account.
+
+* :mod:`emulators.aws_batch` - AWS Batch (and the CloudWatch Logs it writes to) on moto in server mode,
+  with every job's container command run as a local process.
+"""

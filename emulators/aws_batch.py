@@ -1,0 +1,1386 @@
+"""A local AWS Batch: moto in server mode, with each job's container command run as a local process.
+
+What it adds to moto (moto 5.2.5; everything is undone by :meth:`BatchEmulator.stop`):
+
+* **Jobs are real processes.** moto's ``Job.run`` (which would start a Docker container) is replaced:
+  the job's command (job definition command, submit-time overrides and ``Ref::`` parameters applied)
+  runs with :func:`subprocess.Popen` in its own session, in ``job_cwd``. The image is ignored.
+  States advance SUBMITTED -> PENDING -> RUNNABLE -> STARTING -> RUNNING about ``step_seconds`` apart,
+  then SUCCEEDED (exit 0) or FAILED (``statusReason`` "Essential container in task exited",
+  ``container.exitCode`` set, ``128 + signal`` for a process killed by a signal).
+* **Environment** of a job process: a minimal base (``PATH`` with this interpreter's directory first,
+  so ``python`` is the emulator's Python; ``HOME``, ``LANG``, ``LC_ALL``, ``TMPDIR``, ``PYTHONPATH`` if
+  set; ``PYTHONUNBUFFERED=1``, as most Python images set), then, if ``job_aws_env``, what the job's
+  task role and region would give it (``AWS_ENDPOINT_URL`` = this emulator, dummy credentials,
+  ``AWS_REGION``/``AWS_DEFAULT_REGION``), then the job definition's environment, the submit-time
+  overrides, and Batch's own variables (``AWS_BATCH_JOB_ID``, ``AWS_BATCH_JQ_NAME``,
+  ``AWS_BATCH_CE_NAME``, ``AWS_BATCH_JOB_ATTEMPT=1``, ``AWS_BATCH_JOB_ARRAY_INDEX`` for array children).
+* **Logs** go to moto's CloudWatch Logs, group ``/aws/batch/job``, one stream per container named like
+  Batch's ``<jobDefinitionName>/default/<ecs task id>``, line by line while the job runs. The stream is
+  ``container.logStreamName`` and ``attempts[-1].container.logStreamName`` of DescribeJobs.
+* **Multi-node parallel jobs** run ``numNodes`` processes (``nodeOverrides`` applied, which moto ignores),
+  with ``AWS_BATCH_JOB_NUM_NODES``, ``AWS_BATCH_JOB_NODE_INDEX``, ``AWS_BATCH_JOB_MAIN_NODE_INDEX`` and,
+  on the other nodes only, ``AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS=127.0.0.1``; each node's
+  ``AWS_BATCH_JOB_ID`` is ``<jobId>#<node>``. The main node's exit decides the job; when it exits the
+  other nodes are stopped (SIGTERM, SIGKILL after ``grace_period``). Each node has its own log stream:
+  DescribeJobs on ``<jobId>#<node>`` (and ListJobs ``multiNodeJobId``) shows it; the parent job's
+  ``container.logStreamName`` and attempt show the main node's stream.
+* **TerminateJob** (any state) and **CancelJob** (SUBMITTED, PENDING, RUNNABLE only, as in real Batch;
+  a no-op later) fail the job with the given reason; running processes get SIGTERM to their process
+  groups, SIGKILL after ``grace_period``. ``timeout.attemptDurationSeconds`` is enforced the same way.
+* **Fault injection:** :meth:`~BatchEmulator.hold` / :meth:`~BatchEmulator.release` (no capacity),
+  :meth:`~BatchEmulator.preempt` / :meth:`~BatchEmulator.preempt_after` (spot reclaim: FAILED with
+  "Host EC2 (instance i-...) terminated."), :meth:`~BatchEmulator.throttle` (HTTP 429
+  ``TooManyRequestsException``, as Batch throttles).
+* **Request log:** every Batch and CloudWatch Logs request, parsed, see :meth:`~BatchEmulator.requests`.
+* **Real-Batch rules moto does not enforce** are answered with ``ClientException`` (HTTP 400): more than
+  100 ids in DescribeJobs; SubmitJob to a fair-share queue without ``shareIdentifier`` or without a
+  scheduling priority (job definition ``schedulingPriority`` or ``schedulingPriorityOverride``);
+  ``shareIdentifier``/``schedulingPriorityOverride`` on a queue without a scheduling policy; more than one
+  ListJobs filter. ListJobs without ``jobStatus`` or filters returns RUNNING jobs only, filtered
+  results come newest first and leave out array children (moto: every status, queue order).
+
+Command line, for ``make demo``::
+
+    python -m emulators.aws_batch serve --port 0 --job-cwd DIR --ready-file PATH [--fair-share]
+        [--preempt-after SECONDS --preempt-queue gpu-spot --preempt-name-contains train --preempt-count 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import boto3
+import botocore.session
+from moto.batch import models as batch_models
+from moto.batch.exceptions import ClientException
+from moto.moto_api import state_manager
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from moto.server import ThreadedMotoServer
+from werkzeug.serving import make_server
+
+logger = logging.getLogger(__name__)
+
+LOG_GROUP = "/aws/batch/job"
+ESSENTIAL_CONTAINER_EXITED = "Essential container in task exited"
+DEPENDENT_JOB_FAILED = "Dependent Job failed"
+ATTEMPT_TIMED_OUT = "Job attempt duration exceeded timeout"
+MAX_DESCRIBE_JOBS = 100
+MAIN_NODE_ADDRESS = "127.0.0.1"
+DUMMY_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+SPOT_QUEUE = "gpu-spot"
+ON_DEMAND_QUEUE = "gpu-on-demand"
+FAIR_SHARE_QUEUE = "gpu-fair-share"
+
+_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
+_EPOCH = datetime(1970, 1, 1)  # moto's "not started / not stopped" timestamp
+_POLL = 0.05
+_BATCH_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
+#: moto must never advance a job's state by itself (on reads): the emulator's job thread sets every state.
+_NO_AUTOMATIC_PROGRESS = {"progression": "manual", "times": 10**9}
+
+# The request being served, per server thread: the middleware stores the parsed body here so that the
+# patched backend methods (called on the same thread) see fields moto's request parser drops.
+_request = threading.local()
+
+_active_lock = threading.Lock()
+_active: BatchEmulator | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSetup:
+    """What :meth:`BatchEmulator.create_environment` created (queue and compute environment names)."""
+
+    spot_queue: str
+    on_demand_queue: str
+    fair_share_queue: str | None
+    scheduling_policy_arn: str | None
+    spot_compute_environment: str
+    on_demand_compute_environment: str
+
+
+@dataclasses.dataclass
+class _PreemptRule:
+    seconds: float
+    queue: str
+    remaining: int
+    name_contains: str | None
+
+
+@dataclasses.dataclass
+class _Node:
+    """One container of a job (the only one, or one node of a multi-node job)."""
+
+    index: int
+    command: list[str]
+    env: dict[str, str]
+    stream: str
+    proc: subprocess.Popen[bytes] | None = None
+    reader: threading.Thread | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+class _JobRun:
+    """The emulator's side of one moto job: its submit request, processes and stop request."""
+
+    def __init__(self, job: batch_models.Job, submit: dict[str, Any]) -> None:
+        self.job = job
+        self.submit = submit
+        self.instance_id = "i-" + uuid.uuid4().hex[:17]
+        self.nodes: list[_Node] = []
+        self.main_index = 0
+        self.num_nodes = 1
+        self.started = False
+        self.preempt_delay: float | None = None
+        self.stop_reason: str | None = None
+        self.stop_kind: str | None = None  # terminate | preempt | timeout | shutdown
+        self.wake = threading.Event()  # set on a stop request
+        self.hurry = threading.Event()  # set by BatchEmulator.stop: no grace period
+        self._lock = threading.Lock()
+
+    def request_stop(self, reason: str, kind: str) -> bool:
+        """Ask the job's thread to end the job FAILED with ``reason``; the first request wins."""
+        with self._lock:
+            if self.stop_kind is not None or self.job.job_stopped:
+                return False
+            self.stop_reason, self.stop_kind = reason, kind
+        self.job.stop = True
+        self.wake.set()
+        return True
+
+    @property
+    def main(self) -> _Node:
+        return self.nodes[self.main_index]
+
+
+class _Patches:
+    """Attribute replacements on moto's classes, undone in reverse order."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def wrap(self, owner: type, name: str, make: Callable[[Any], Any]) -> None:
+        """Replace ``owner.name`` with ``make(original)``."""
+        original = getattr(owner, name)
+        if name in owner.__dict__:
+            saved = owner.__dict__[name]
+            self._undo.append(lambda: setattr(owner, name, saved))
+        else:  # inherited (threading.Thread.start): remove ours to uncover it again
+            self._undo.append(lambda: delattr(owner, name))
+        setattr(owner, name, make(original))
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+class _QuietRequestHandler(MotoRequestHandler):
+    """moto's request handler without werkzeug's one line per request on stderr."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        pass
+
+
+class _RecordingMotoServer(ThreadedMotoServer):
+    """moto's threaded server with the emulator's middleware in front of moto's WSGI app."""
+
+    def __init__(self, emulator: BatchEmulator, port: int) -> None:
+        super().__init__(ip_address="127.0.0.1", port=port, verbose=False)
+        self._emulator = emulator
+
+    def _server_entry(self) -> None:  # same as moto's, plus the middleware and a quiet handler
+        app = _Middleware(self._emulator, DomainDispatcherApplication(create_backend_app))
+        self._server = make_server(self._ip_address, self._port, app, True, request_handler=_QuietRequestHandler)
+        self._server_ready_event.set()
+        self._server.serve_forever()
+
+    def stop(self) -> None:
+        super().stop()
+        if self._server is not None:
+            self._server.server_close()
+
+
+class _Middleware:
+    """Records Batch/Logs requests, answers throttled ones with 429, and passes the parsed body on."""
+
+    def __init__(self, emulator: BatchEmulator, app: Any) -> None:
+        self._emulator = emulator
+        self._app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        action = self._emulator._action_of(environ)
+        if action is None:
+            return self._app(environ, start_response)
+        raw = _read_body(environ)
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {"_raw": raw.decode("utf-8", "replace")}
+        entry = self._emulator._record(action, body)
+        if entry["throttled"]:
+            entry["status"] = 429 if not action.startswith("logs:") else 400
+            return _throttled_response(action, start_response)
+
+        def recording_start_response(status: str, headers: Any, *args: Any) -> Any:
+            entry["status"] = int(status.split()[0])
+            return start_response(status, headers, *args)
+
+        _request.action, _request.body = action, body
+        try:
+            return self._app(environ, recording_start_response)
+        finally:
+            _request.action = _request.body = None
+
+
+def _read_body(environ: dict[str, Any]) -> bytes:
+    stream = environ["wsgi.input"]
+    length = environ.get("CONTENT_LENGTH")
+    if length:
+        raw = stream.read(int(length))
+    elif environ.get("wsgi.input_terminated"):
+        raw = stream.read()
+    else:
+        raw = b""
+    environ["wsgi.input"] = io.BytesIO(raw)
+    environ["CONTENT_LENGTH"] = str(len(raw))
+    return raw
+
+
+def _throttled_response(action: str, start_response: Callable[..., Any]) -> list[bytes]:
+    # Batch (restJson) throttles with HTTP 429 TooManyRequestsException; CloudWatch Logs (awsJson) with
+    # HTTP 400 ThrottlingException. botocore takes the code from x-amzn-ErrorType, else from __type.
+    if action.startswith("logs:"):
+        status, code, message = "400 Bad Request", "ThrottlingException", "Rate exceeded"
+    else:
+        status, code, message = "429 Too Many Requests", "TooManyRequestsException", "Too Many Requests."
+    payload = json.dumps({"__type": code, "message": message}).encode()
+    start_response(
+        status,
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(payload))),
+            ("x-amzn-ErrorType", code),
+            ("x-amzn-RequestId", str(uuid.uuid4())),
+        ],
+    )
+    return [payload]
+
+
+def _current_body(action: str) -> dict[str, Any] | None:
+    """The parsed body of the request this server thread is serving, if it is ``action``."""
+    if getattr(_request, "action", None) == action:
+        return _request.body  # type: ignore[no-any-return]
+    return None
+
+
+def _queue_name(queue: str) -> str:
+    return queue.split(":job-queue/", 1)[1] if ":job-queue/" in queue else queue
+
+
+def _container_exit_code(returncode: int | None) -> int | None:
+    if returncode is None:
+        return None
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _state(job: batch_models.Job) -> str:
+    """The job's state as a plain string, read without moto's automatic progression."""
+    state = job._status
+    return str(getattr(state, "value", state))
+
+
+def _millis(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _env_dict(entries: Iterable[dict[str, str]] | None) -> dict[str, str]:
+    return {e["name"]: str(e.get("value", "")) for e in entries or ()}
+
+
+def _node_range(target: str, num_nodes: int) -> range:
+    start, sep, end = target.partition(":")
+    if not sep:
+        return range(int(start), int(start) + 1)
+    return range(int(start) if start else 0, (int(end) if end else num_nodes - 1) + 1)
+
+
+def _create_queue(batch: Any, name: str, compute_environment: str, policy_arn: str | None = None) -> None:
+    batch.create_job_queue(
+        jobQueueName=name,
+        state="ENABLED",
+        priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": compute_environment}],
+        **({"schedulingPolicyArn": policy_arn} if policy_arn else {}),
+    )
+
+
+def _kill_group(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
+    if proc is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+class BatchEmulator:
+    """AWS Batch on moto in server mode, running each job's command as a local process.
+
+    :param port: TCP port on 127.0.0.1; 0 picks a free one (see :attr:`endpoint_url`).
+    :param job_cwd: working directory of job processes (default: the current directory at start).
+    :param step_seconds: time between two state changes of a job (SUBMITTED ... RUNNING).
+    :param grace_period: seconds between SIGTERM and SIGKILL when a job is terminated or preempted.
+    :param region: the region jobs and resources live in.
+    :param job_aws_env: give job processes ``AWS_ENDPOINT_URL`` (this emulator), dummy credentials and
+        the region, as a task role would give a real container access to AWS.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int = 0,
+        job_cwd: str | os.PathLike[str] | None = None,
+        step_seconds: float = 0.5,
+        grace_period: float = 5.0,
+        region: str = "us-east-1",
+        job_aws_env: bool = True,
+    ) -> None:
+        self.port = port
+        self.job_cwd = Path(job_cwd) if job_cwd is not None else None
+        self.step_seconds = step_seconds
+        self.grace_period = grace_period
+        self.region = region
+        self.job_aws_env = job_aws_env
+        self.endpoint_url = ""
+        self._server: _RecordingMotoServer | None = None
+        self._patches = _Patches()
+        self._runs: dict[str, _JobRun] = {}
+        self._held: set[str] = set()
+        self._preempt_rules: list[_PreemptRule] = []
+        self._throttles: dict[str, list[int]] = {}  # action -> [every, requests seen since throttle()]
+        self._requests: list[dict[str, Any]] = []
+        self._lock = threading.RLock()
+        self._logs_lock = threading.Lock()
+        self._images_seen: set[str] = set()
+        self._routes: list[tuple[str, re.Pattern[str], str]] = []
+        self._saved_transition: dict[str, Any] | None = None
+        self._setup: BatchSetup | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @staticmethod
+    def running() -> BatchEmulator | None:
+        """The emulator started in this process, if any (only one can run at a time: moto's state is global)."""
+        return _active
+
+    def start(self) -> BatchEmulator:
+        """Start the server on 127.0.0.1 and patch moto; returns ``self``."""
+        global _active
+        with _active_lock:
+            if _active is not None:
+                raise RuntimeError(
+                    f"another BatchEmulator is running at {_active.endpoint_url}: moto's state and the patches "
+                    "are per process, so only one can run at a time; stop it, or use BatchEmulator.running()"
+                )
+            _active = self
+        with self._lock:
+            self._runs.clear()
+        try:
+            self._routes = _batch_routes()
+            self._install_patches()
+            self._server = _RecordingMotoServer(self, self.port)
+            self._server.start()
+            host, port = self._server.get_host_and_port()
+            self.endpoint_url = f"http://{host}:{port}"
+            self._reset_moto()  # a fresh account: nothing left from an earlier server in this process
+        except BaseException:
+            self.stop()
+            raise
+        atexit.register(self.stop)
+        logger.info("AWS Batch emulator listening on %s (region %s)", self.endpoint_url, self.region)
+        return self
+
+    def stop(self) -> None:
+        """Kill every job process, stop the server and undo the patches. Idempotent."""
+        global _active
+        with _active_lock:
+            if _active is not self:
+                return
+        atexit.unregister(self.stop)
+        with self._lock:
+            runs = list(self._runs.values())
+        for run in runs:
+            run.hurry.set()
+            run.request_stop("AWS Batch emulator stopped", "shutdown")
+        for run in runs:
+            for node in run.nodes:
+                _kill_group(node.proc, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        for run in runs:
+            if run.job.is_alive():
+                run.job.join(max(0.1, deadline - time.monotonic()))
+        for run in runs:  # a thread that did not finish in time: make sure its processes are gone anyway
+            for node in run.nodes:
+                _kill_group(node.proc, signal.SIGKILL)
+                if node.proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        node.proc.wait(timeout=1)
+        if self._server is not None:
+            if self.endpoint_url:
+                with contextlib.suppress(OSError):
+                    self._reset_moto()
+            self._server.stop()
+            self._server = None
+        self._patches.undo()
+        if self._saved_transition is not None:
+            state_manager.set_transition("batch::job", self._saved_transition)
+        else:
+            state_manager.unset_transition("batch::job")
+        self._setup = None  # moto was reset
+        with _active_lock:
+            _active = None
+
+    def __enter__(self) -> BatchEmulator:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _reset_moto(self) -> None:
+        request = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST", data=b"")
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+
+    # ------------------------------------------------------------------ clients and setup
+
+    def client(self, service: str, **kwargs: Any) -> Any:
+        """A boto3 client for ``service`` pointed at the emulator, with dummy credentials."""
+        kwargs.setdefault("region_name", self.region)
+        return boto3.client(service, endpoint_url=self.endpoint_url, **DUMMY_CREDENTIALS, **kwargs)
+
+    def create_environment(self, *, fair_share: bool = True) -> BatchSetup:
+        """Create the IAM, VPC, compute environments and job queues the provider's Batch backend uses.
+
+        Queues ``gpu-spot`` (SPOT compute environment) and ``gpu-on-demand`` (EC2), without scheduling
+        policy, and, with ``fair_share``, ``gpu-fair-share`` (EC2) with a fair-share scheduling policy.
+        Calling it again returns what exists, adding the fair-share queue if it is asked for now.
+        """
+        batch = self.client("batch")
+        with self._lock:
+            setup = self._setup
+        if setup is None:
+            setup = self._create_base_environment(batch)
+        if fair_share and setup.fair_share_queue is None:
+            policy_arn = batch.create_scheduling_policy(
+                name="gpu-fair-share",
+                fairsharePolicy={
+                    "shareDecaySeconds": 3600,
+                    "computeReservation": 0,
+                    "shareDistribution": [{"shareIdentifier": "default", "weightFactor": 1.0}],
+                },
+            )["arn"]
+            _create_queue(batch, FAIR_SHARE_QUEUE, setup.on_demand_compute_environment, policy_arn)
+            setup = dataclasses.replace(setup, fair_share_queue=FAIR_SHARE_QUEUE, scheduling_policy_arn=policy_arn)
+        with self._lock:
+            self._setup = setup
+        return setup
+
+    def _create_base_environment(self, batch: Any) -> BatchSetup:
+        iam, ec2 = self.client("iam"), self.client("ec2")
+        trust = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Principal": {"Service": "batch.amazonaws.com"}, "Action": "sts:AssumeRole"}
+            ],
+        }
+        role = iam.create_role(RoleName="gpu-batch-service-role", AssumeRolePolicyDocument=json.dumps(trust))
+        profile = iam.create_instance_profile(InstanceProfileName="gpu-batch-instance-profile")
+        iam.add_role_to_instance_profile(
+            InstanceProfileName="gpu-batch-instance-profile", RoleName="gpu-batch-service-role"
+        )
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.0.0/24")["Subnet"]["SubnetId"]
+        group = ec2.create_security_group(GroupName="gpu-batch", Description="GPU Batch jobs", VpcId=vpc)["GroupId"]
+
+        def compute_environment(name: str, kind: str, allocation: str) -> None:
+            batch.create_compute_environment(
+                computeEnvironmentName=name,
+                type="MANAGED",
+                state="ENABLED",
+                serviceRole=role["Role"]["Arn"],
+                computeResources={
+                    "type": kind,
+                    "allocationStrategy": allocation,
+                    "minvCpus": 0,  # keeps moto from launching fake EC2 instances
+                    "desiredvCpus": 0,
+                    "maxvCpus": 256,
+                    "instanceTypes": ["g5.xlarge", "g5.12xlarge"],
+                    "subnets": [subnet],
+                    "securityGroupIds": [group],
+                    "instanceRole": profile["InstanceProfile"]["Arn"],
+                },
+            )
+
+        compute_environment("gpu-spot-ce", "SPOT", "SPOT_PRICE_CAPACITY_OPTIMIZED")
+        compute_environment("gpu-on-demand-ce", "EC2", "BEST_FIT_PROGRESSIVE")
+        _create_queue(batch, SPOT_QUEUE, "gpu-spot-ce")
+        _create_queue(batch, ON_DEMAND_QUEUE, "gpu-on-demand-ce")
+        return BatchSetup(
+            spot_queue=SPOT_QUEUE,
+            on_demand_queue=ON_DEMAND_QUEUE,
+            fair_share_queue=None,
+            scheduling_policy_arn=None,
+            spot_compute_environment="gpu-spot-ce",
+            on_demand_compute_environment="gpu-on-demand-ce",
+        )
+
+    # ------------------------------------------------------------------ fault injection
+
+    def hold(self, queue: str) -> None:
+        """Keep jobs of ``queue`` (name or ARN) RUNNABLE, as with no capacity, until :meth:`release`."""
+        with self._lock:
+            self._held.add(_queue_name(queue))
+
+    def release(self, queue: str) -> None:
+        """Let held jobs of ``queue`` start."""
+        with self._lock:
+            self._held.discard(_queue_name(queue))
+
+    def preempt(self, job_id: str, instance_id: str | None = None) -> None:
+        """Reclaim the job's spot host now: SIGTERM, SIGKILL after ``grace_period``; the job ends FAILED
+        with ``Host EC2 (instance i-...) terminated.`` (``instance_id`` or the job's own host)."""
+        with self._lock:
+            run = self._runs.get(job_id)
+        if run is None:
+            raise ValueError(f"AWS Batch emulator: no job {job_id!r} (was it submitted to this emulator?)")
+        if run.job.job_stopped:
+            raise ValueError(f"AWS Batch emulator: job {job_id} already ended {_state(run.job)}; cannot preempt it")
+        self._preempt(run, instance_id)
+
+    def preempt_after(self, seconds: float, *, queue: str, count: int = 1, name_contains: str | None = None) -> None:
+        """Preempt the next ``count`` jobs submitted to ``queue`` (with ``name_contains`` in their name,
+        if given) ``seconds`` after each reaches RUNNING."""
+        with self._lock:
+            self._preempt_rules.append(_PreemptRule(seconds, _queue_name(queue), count, name_contains))
+
+    def throttle(self, action: str, every: int) -> None:
+        """Answer every ``every``-th request of ``action`` (e.g. ``DescribeJobs``, counted from now) as
+        Batch does when throttling: HTTP 429 ``TooManyRequestsException`` (``logs:*`` actions: HTTP 400
+        ``ThrottlingException``). ``every=0`` turns it off."""
+        with self._lock:
+            if every <= 0:
+                self._throttles.pop(action, None)
+            else:
+                self._throttles[action] = [every, 0]
+
+    def reset_faults(self) -> None:
+        """Release every held queue, drop pending :meth:`preempt_after` rules and turn throttling off."""
+        with self._lock:
+            self._held.clear()
+            self._preempt_rules.clear()
+            self._throttles.clear()
+
+    # ------------------------------------------------------------------ inspection
+
+    def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+        """Batch and CloudWatch Logs requests received, oldest first: ``{"action", "body", "throttled",
+        "time", "status"}``; ``action`` is the API name (``SubmitJob``; ``logs:GetLogEvents``)."""
+        with self._lock:
+            return [dict(r) for r in self._requests if action is None or r["action"] == action]
+
+    def count(self, action: str) -> int:
+        """How many ``action`` requests were received (throttled ones included)."""
+        with self._lock:
+            return sum(1 for r in self._requests if r["action"] == action)
+
+    def reset_requests(self) -> None:
+        """Forget the requests received so far."""
+        with self._lock:
+            self._requests.clear()
+
+    def job_pids(self, job_id: str) -> list[int]:
+        """Pids of the job's live processes (every process in its nodes' process groups)."""
+        with self._lock:
+            run = self._runs.get(job_id)
+        if run is None:
+            return []
+        groups = {node.proc.pid for node in run.nodes if node.proc is not None}
+        if not groups:
+            return []
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return sorted(node.proc.pid for node in run.nodes if node.proc is not None and node.alive())
+        pids = []
+        for entry in entries:
+            if not entry.isdigit():
+                continue
+            try:
+                stat = Path("/proc", entry, "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[2]) in groups:
+                pids.append(int(entry))
+        return sorted(pids)
+
+    # ------------------------------------------------------------------ request log and routing
+
+    def _action_of(self, environ: dict[str, Any]) -> str | None:
+        target = environ.get("HTTP_X_AMZ_TARGET", "")
+        if target.startswith("Logs_"):
+            return "logs:" + target.split(".", 1)[1]
+        auth = environ.get("HTTP_AUTHORIZATION", "")
+        path = environ.get("PATH_INFO", "")
+        is_batch = "/batch/aws4_request" in auth or (not auth and path.startswith("/v1/"))
+        if not is_batch:
+            return None
+        method = environ.get("REQUEST_METHOD", "POST")
+        for route_method, pattern, name in self._routes:
+            if route_method == method and pattern.fullmatch(path):
+                return name
+        return f"batch:{method} {path}"
+
+    def _record(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            throttled = False
+            rule = self._throttles.get(action)
+            if rule is not None:
+                rule[1] += 1
+                throttled = rule[1] % rule[0] == 0
+            entry = {"action": action, "body": body, "throttled": throttled, "time": time.time(), "status": None}
+            self._requests.append(entry)
+        if throttled:
+            logger.info("throttled a %s request", action)
+        return entry
+
+    # ------------------------------------------------------------------ moto patches
+
+    def _install_patches(self) -> None:
+        self._saved_transition = state_manager._transitions.get("batch::job")
+        state_manager.set_transition("batch::job", _NO_AUTOMATIC_PROGRESS)
+        job_cls, backend_cls = batch_models.Job, batch_models.BatchBackend
+        emulator = self
+        wrap = self._patches.wrap
+
+        def start(original: Callable[..., None]) -> Callable[..., None]:
+            def patched(job: batch_models.Job) -> None:
+                emulator._register(job)
+                original(job)
+
+            return patched
+
+        def run(original: Callable[..., None]) -> Callable[..., None]:
+            return lambda job: emulator._run(job)
+
+        def terminate(original: Callable[..., None]) -> Callable[..., None]:
+            def patched(job: batch_models.Job, reason: str) -> None:
+                record = emulator._runs.get(job.job_id)
+                if record is not None:
+                    record.request_stop(reason, "terminate")
+                    return
+                for child in job._child_jobs or []:  # an array parent: Batch ends its children too
+                    child.terminate(reason)
+                if not job.job_stopped:
+                    original(job, reason)
+
+            return patched
+
+        def get_container_property(original: Callable[..., Any]) -> Callable[..., Any]:
+            # moto's version appends AWS_BATCH_JOB_ID to the submit request's own list on every call
+            def patched(job: batch_models.Job, name: str, default: Any) -> Any:
+                if name != "environment":
+                    return original(job, name, default)
+                env = _env_dict(job.job_definition.container_properties.get("environment"))
+                env.update(_env_dict(job.container_overrides.get("environment")))
+                env["AWS_BATCH_JOB_ID"] = job.job_id
+                return [{"name": k, "value": v} for k, v in env.items()]
+
+            return patched
+
+        def describe_short(original: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+            def patched(job: batch_models.Job) -> dict[str, Any]:
+                result = original(job)
+                record = emulator._runs.get(job.job_id)
+                if record is not None and not record.started:
+                    result.pop("startedAt", None)  # moto reports 1970 for a job that never ran
+                return result
+
+            return patched
+
+        def describe(original: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+            return lambda job: emulator._describe(job, original(job))
+
+        def submit_job(original: Callable[..., Any]) -> Callable[..., Any]:
+            def patched(
+                backend: batch_models.BatchBackend,
+                job_name: str,
+                job_def_id: str,
+                job_queue: str,
+                *args: Any,
+                **kwargs: Any,
+            ) -> Any:
+                body = _current_body("SubmitJob")
+                queue = backend.get_job_queue(job_queue)
+                if body is not None and queue is not None:
+                    emulator._check_scheduling(backend, queue, job_def_id, body)
+                return original(backend, job_name, job_def_id, job_queue, *args, **kwargs)
+
+            return patched
+
+        def register_job_definition(original: Callable[..., Any]) -> Callable[..., Any]:
+            def patched(backend: batch_models.BatchBackend, *args: Any, **kwargs: Any) -> Any:
+                job_def = original(backend, *args, **kwargs)
+                body = _current_body("RegisterJobDefinition") or {}
+                job_def.emulator_scheduling_priority = body.get("schedulingPriority")
+                return job_def
+
+            return patched
+
+        def describe_job_definition(original: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+            def patched(job_def: batch_models.JobDefinition) -> dict[str, Any]:
+                result = original(job_def)
+                priority = getattr(job_def, "emulator_scheduling_priority", None)
+                if priority is not None:
+                    result["schedulingPriority"] = priority
+                return result
+
+            return patched
+
+        def describe_jobs(original: Callable[..., Any]) -> Callable[..., Any]:
+            return lambda backend, jobs: emulator._describe_jobs(backend, jobs)
+
+        def list_jobs(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+            def patched(
+                backend: batch_models.BatchBackend,
+                job_queue_name: str | None,
+                array_job_id: str | None,
+                job_status: str | None = None,
+                filters: list[dict[str, Any]] | None = None,
+            ) -> list[Any]:
+                return emulator._list_jobs(backend, original, job_queue_name, array_job_id, job_status, filters)
+
+            return patched
+
+        wrap(job_cls, "start", start)
+        wrap(job_cls, "run", run)
+        wrap(job_cls, "terminate", terminate)
+        wrap(job_cls, "_get_container_property", get_container_property)
+        wrap(job_cls, "describe_short", describe_short)
+        wrap(job_cls, "describe", describe)
+        wrap(batch_models.JobDefinition, "describe", describe_job_definition)
+        wrap(backend_cls, "submit_job", submit_job)
+        wrap(backend_cls, "register_job_definition", register_job_definition)
+        wrap(backend_cls, "describe_jobs", describe_jobs)
+        wrap(backend_cls, "list_jobs", list_jobs)
+
+    def _check_scheduling(
+        self, backend: batch_models.BatchBackend, queue: batch_models.JobQueue, job_def_id: str, body: dict[str, Any]
+    ) -> None:
+        share = body.get("shareIdentifier")
+        priority = body.get("schedulingPriorityOverride")
+        if queue.schedule_policy:
+            if not share:
+                raise ClientException("shareIdentifier must be specified.")
+            job_def = backend.get_job_definition(job_def_id)
+            if priority is None and getattr(job_def, "emulator_scheduling_priority", None) is None:
+                raise ClientException(
+                    "Either schedulingPriority in job definition or schedulingPriorityOverride should be specified."
+                )
+        elif share is not None or priority is not None:
+            fields = " and ".join(
+                f for f in ("shareIdentifier", "schedulingPriorityOverride") if body.get(f) is not None
+            )
+            raise ClientException(
+                f"Job queue {queue.name} has no scheduling policy: {fields} can only be used with a job queue "
+                "that has a fair-share scheduling policy."
+            )
+
+    def _describe_jobs(self, backend: batch_models.BatchBackend, ids: list[str] | None) -> list[dict[str, Any]]:
+        ids = ids or []  # moto: no ids (or an empty list) means every job
+        if len(ids) > MAX_DESCRIBE_JOBS:
+            raise ClientException(
+                f"DescribeJobs accepts at most {MAX_DESCRIBE_JOBS} job IDs in one request; got {len(ids)}."
+            )
+        by_arn = {job.arn: job for job in list(backend._jobs.values())}
+        result = []
+        for ident in ids:
+            base, sep, node = ident.partition("#")
+            job = backend._jobs.get(base) or by_arn.get(base)
+            if job is None:
+                continue
+            if not sep:
+                result.append(job.describe())
+            elif node.isdigit() and (view := self._node_view(job, int(node))) is not None:
+                result.append(view.describe())
+        return result
+
+    def _list_jobs(
+        self,
+        backend: batch_models.BatchBackend,
+        original: Callable[..., list[Any]],
+        job_queue_name: str | None,
+        array_job_id: str | None,
+        job_status: str | None,
+        filters: list[dict[str, Any]] | None,
+    ) -> list[Any]:
+        body = _current_body("ListJobs") or {}
+        if filters and len(filters) > 1:
+            raise ClientException("Only one filter can be used at a time.")
+        if body.get("multiNodeJobId"):
+            base = body["multiNodeJobId"]
+            job = backend._jobs.get(base)
+            run = self._runs.get(base)
+            if job is None or run is None:
+                return []
+            views = [v for i in range(run.num_nodes) if (v := self._node_view(job, i)) is not None]
+            wanted = job_status or "RUNNING"
+            return [v for v in views if v.status() == wanted]
+        if filters:  # real Batch: jobStatus is ignored, newest first, no array children
+            jobs = original(backend, job_queue_name, array_job_id, None, filters)
+            if not array_job_id:
+                jobs = [j for j in jobs if "index" not in j.array_properties]
+            return sorted(jobs, key=lambda j: j.job_created_at, reverse=True)
+        return original(backend, job_queue_name, array_job_id, job_status or "RUNNING", None)
+
+    def _describe(self, job: batch_models.Job, result: dict[str, Any]) -> dict[str, Any]:
+        run = self._runs.get(job.job_id)
+        if run is None:
+            children = job._child_jobs or []
+            if children and all(c.job_stopped for c in children) and any(_state(c) == "FAILED" for c in children):
+                result["status"] = "FAILED"  # moto only ever moves an array parent to SUCCEEDED
+            return result
+        submit = run.submit
+        if submit.get("shareIdentifier"):
+            result["shareIdentifier"] = submit["shareIdentifier"]
+        priority = submit.get("schedulingPriorityOverride")
+        if priority is None:
+            priority = getattr(job.job_definition, "emulator_scheduling_priority", None)
+        if priority is not None:
+            result["schedulingPriority"] = priority
+        retry = submit.get("retryStrategy") or job.job_definition.retry_strategy
+        if retry:
+            result["retryStrategy"] = retry
+        container = result.get("container")
+        if container is not None:
+            if container.get("logStreamName") is None:
+                container.pop("logStreamName", None)  # moto sends null for a multi-node job not started yet
+            if job.exit_code is not None:
+                container["exitCode"] = job.exit_code
+        if job.job_definition.type == "multinode":
+            result["nodeProperties"] = {**(job.job_definition.node_properties or {}), "numNodes": run.num_nodes}
+        return result
+
+    # ------------------------------------------------------------------ jobs
+
+    def _register(self, job: batch_models.Job) -> None:
+        """Called on the server thread that serves SubmitJob, before the job's thread starts."""
+        run = _JobRun(job, dict(_current_body("SubmitJob") or {}))
+        with self._lock:
+            for rule in self._preempt_rules:
+                if (
+                    rule.remaining > 0
+                    and rule.queue == job.job_queue.name
+                    and (rule.name_contains is None or rule.name_contains in job.job_name)
+                ):
+                    rule.remaining -= 1
+                    run.preempt_delay = rule.seconds
+                    break
+            self._runs[job.job_id] = run
+
+    def _run(self, job: batch_models.Job) -> None:
+        """A job's thread (replaces moto's ``Job.run``)."""
+        run = self._runs[job.job_id]
+        try:
+            self._lifecycle(run)
+        except Exception as err:  # an emulator bug must end the job, not leave it hanging
+            logger.exception("AWS Batch emulator: job %s (%s) crashed the emulator", job.job_name, job.job_id)
+            self._finish(run, success=False, reason=f"AWS Batch emulator error: {err}")
+        finally:
+            for node in run.nodes:
+                _kill_group(node.proc, signal.SIGKILL)
+                if node.proc is not None:
+                    node.proc.wait()
+
+    def _lifecycle(self, run: _JobRun) -> None:
+        job = run.job
+        if not self._pause(run):
+            self._finish_stopped(run)
+            return
+        self._set_status(run, "PENDING")
+        if job.depends_on and not self._wait_for_dependencies(run):
+            return
+        if not self._pause(run):
+            self._finish_stopped(run)
+            return
+        self._set_status(run, "RUNNABLE")
+        while run.stop_kind is None and self._is_held(job.job_queue.name):
+            run.wake.wait(_POLL)
+        if not self._pause(run):
+            self._finish_stopped(run)
+            return
+        self._set_status(run, "STARTING")
+        if not self._pause(run):
+            self._finish_stopped(run)
+            return
+        try:
+            self._start_nodes(run)
+        except OSError as err:  # what Docker reports when the command cannot be executed
+            command = run.nodes[0].command[0] if run.nodes and run.nodes[0].command else ""
+            reason = f'CannotStartContainerError: exec: "{command}": {err.strerror or err}'
+            self._finish(run, success=False, reason=reason)
+            return
+        except ValueError as err:
+            self._finish(run, success=False, reason=f"CannotStartContainerError: {err}")
+            return
+        self._set_status(run, "RUNNING")
+        self._monitor(run)
+
+    def _pause(self, run: _JobRun) -> bool:
+        """Wait one step; False if the job was asked to stop meanwhile."""
+        run.wake.wait(self.step_seconds)
+        return run.stop_kind is None
+
+    def _is_held(self, queue: str) -> bool:
+        with self._lock:
+            return queue in self._held
+
+    def _set_status(self, run: _JobRun, status: str) -> None:
+        before = _state(run.job)
+        run.job.status = status
+        logger.info("job %s (%s) %s -> %s", run.job.job_name, run.job.job_id, before, status)
+
+    def _wait_for_dependencies(self, run: _JobRun) -> bool:
+        ids = [d["jobId"] for d in run.job.depends_on or []]
+        backend = run.job.backend
+        while True:
+            if run.stop_kind is not None:
+                self._finish_stopped(run)
+                return False
+            deps = [backend._jobs.get(i) for i in ids]
+            if any(d is None or d.status == "FAILED" for d in deps):
+                self._finish(run, success=False, reason=DEPENDENT_JOB_FAILED)
+                return False
+            if all(d is not None and d.status == "SUCCEEDED" for d in deps):
+                return True
+            run.wake.wait(_POLL * 2)
+
+    # --- processes
+
+    def _plan_nodes(self, run: _JobRun) -> list[_Node]:
+        job = run.job
+        job_def = job.job_definition
+        batch_env = {
+            "AWS_BATCH_JOB_ID": job.job_id,
+            "AWS_BATCH_JQ_NAME": job.job_queue.name,
+            "AWS_BATCH_JOB_ATTEMPT": "1",
+        }
+        if job.job_queue.environments:
+            batch_env["AWS_BATCH_CE_NAME"] = job.job_queue.environments[0].name
+        if "index" in job.array_properties:
+            batch_env["AWS_BATCH_JOB_ARRAY_INDEX"] = str(job.array_properties["index"])
+        if job_def.type != "multinode":
+            props = job_def.container_properties or {}
+            self._note_image(props.get("image"))
+            command = job._get_container_property("command", [])
+            env = _env_dict(props.get("environment"))
+            env.update(_env_dict(job.container_overrides.get("environment")))
+            env.update(batch_env)
+            return [_Node(0, self._resolve_command(job, command), env, self._stream_name(job))]
+
+        node_props = job_def.node_properties or {}
+        overrides = run.submit.get("nodeOverrides") or {}
+        num_nodes = int(overrides.get("numNodes") or node_props["numNodes"])
+        main = int(node_props.get("mainNode", 0))
+        run.num_nodes, run.main_index = num_nodes, main
+        containers: dict[int, dict[str, Any]] = {}
+        for node_range in node_props.get("nodeRangeProperties", []):
+            for i in _node_range(node_range["targetNodes"], num_nodes):
+                containers[i] = node_range.get("container") or {}
+        commands = {i: c.get("command") or [] for i, c in containers.items()}
+        envs = {i: _env_dict(c.get("environment")) for i, c in containers.items()}
+        for override in overrides.get("nodePropertyOverrides", []):
+            container = override.get("containerOverrides") or {}
+            for i in _node_range(override["targetNodes"], num_nodes):
+                if container.get("command"):
+                    commands[i] = container["command"]
+                envs.setdefault(i, {}).update(_env_dict(container.get("environment")))
+        nodes = []
+        for i in range(num_nodes):
+            if i not in containers:
+                raise ValueError(f"node {i} of {num_nodes} is in no nodeRangeProperties targetNodes range")
+            self._note_image(containers[i].get("image"))
+            env = {
+                **envs[i],
+                **batch_env,
+                "AWS_BATCH_JOB_ID": f"{job.job_id}#{i}",
+                "AWS_BATCH_JOB_NUM_NODES": str(num_nodes),
+                "AWS_BATCH_JOB_NODE_INDEX": str(i),
+                "AWS_BATCH_JOB_MAIN_NODE_INDEX": str(main),
+            }
+            if i != main:
+                env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = MAIN_NODE_ADDRESS
+            nodes.append(_Node(i, self._resolve_command(job, commands[i]), env, self._stream_name(job)))
+        return nodes
+
+    @staticmethod
+    def _resolve_command(job: batch_models.Job, command: Any) -> list[str]:
+        if not command:
+            return []
+        return [str(part) for part in job._add_parameters_to_command(command)]
+
+    @staticmethod
+    def _stream_name(job: batch_models.Job) -> str:
+        return f"{job.job_definition.name}/default/{uuid.uuid4().hex}"
+
+    def _note_image(self, image: str | None) -> None:
+        if image and image not in self._images_seen:
+            self._images_seen.add(image)
+            logger.info("image %s is not pulled: AWS Batch emulator jobs run their command on this host", image)
+
+    def _base_env(self) -> dict[str, str]:
+        env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+        here = os.path.dirname(sys.executable)
+        env["PATH"] = os.pathsep.join(p for p in (here, env.get("PATH", os.defpath)) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.job_aws_env:
+            env.update(
+                {
+                    "AWS_ENDPOINT_URL": self.endpoint_url,
+                    "AWS_ACCESS_KEY_ID": DUMMY_CREDENTIALS["aws_access_key_id"],
+                    "AWS_SECRET_ACCESS_KEY": DUMMY_CREDENTIALS["aws_secret_access_key"],
+                    "AWS_REGION": self.region,
+                    "AWS_DEFAULT_REGION": self.region,
+                }
+            )
+        return env
+
+    def _start_nodes(self, run: _JobRun) -> None:
+        job = run.job
+        run.nodes = nodes = self._plan_nodes(run)
+        for node in nodes:
+            if not node.command:
+                raise ValueError(
+                    f"no command for node {node.index}: the emulator cannot run an image's default command"
+                )
+        logs = job._log_backend
+        with self._logs_lock:
+            logs.ensure_log_group(LOG_GROUP)
+            for node in nodes:
+                logs.ensure_log_stream(LOG_GROUP, node.stream)
+        base = self._base_env()
+        cwd = self.job_cwd or Path.cwd()
+        order = [run.main] + [n for n in nodes if n.index != run.main_index]  # Batch starts the main node first
+        try:
+            for node in order:
+                node.proc = subprocess.Popen(
+                    node.command,
+                    cwd=cwd,
+                    env={**base, **node.env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                node.reader = threading.Thread(
+                    target=self._pump_logs,
+                    args=(job, node),
+                    name=f"batch-emulator-logs-{job.job_id}-{node.index}",
+                    daemon=True,
+                )
+                node.reader.start()
+        except OSError:
+            for node in nodes:
+                _kill_group(node.proc, signal.SIGKILL)
+            raise
+        run.started = True
+        job.job_started_at = datetime.now()
+        job.log_stream_name = run.main.stream
+        clusters = [env.ecs_name for env in job.job_queue.environments] or ["batch"]
+        ecs = f"arn:aws:ecs:{job.backend.region_name}:{job.backend.account_id}"
+        task_id = run.main.stream.rsplit("/", 1)[1]
+        attempt = {
+            "container": {
+                "containerInstanceArn": f"{ecs}:container-instance/{clusters[0]}/{uuid.uuid4().hex}",
+                "taskArn": f"{ecs}:task/{clusters[0]}/{task_id}",
+                "logStreamName": run.main.stream,
+                "networkInterfaces": [{"privateIpv4Address": MAIN_NODE_ADDRESS}],
+            },
+            "startedAt": _millis(job.job_started_at),
+        }
+        job.latest_attempt = attempt
+        job.attempts.append(attempt)
+
+    def _pump_logs(self, job: batch_models.Job, node: _Node) -> None:
+        """Copy a container's output to its CloudWatch stream, one event per line, as it is printed."""
+        assert node.proc is not None and node.proc.stdout is not None
+        logs = job._log_backend
+        with node.proc.stdout:
+            for raw in iter(node.proc.stdout.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if not line:
+                    continue
+                event = {"timestamp": int(time.time() * 1000), "message": line}
+                try:
+                    with self._logs_lock:
+                        logs.put_log_events(LOG_GROUP, node.stream, [event])
+                except Exception:  # the backend was reset under a job being killed: drain and drop
+                    logger.debug("dropped a log line of job %s", job.job_id, exc_info=True)
+
+    def _monitor(self, run: _JobRun) -> None:
+        start = time.monotonic()
+        duration = run.job._get_attempt_duration()
+        timeout_at = start + duration if duration else None
+        preempt_at = start + run.preempt_delay if run.preempt_delay is not None else None
+        while run.stop_kind is None:
+            now = time.monotonic()
+            if preempt_at is not None and now >= preempt_at:
+                self._preempt(run, None)
+                break
+            if timeout_at is not None and now >= timeout_at:
+                run.request_stop(ATTEMPT_TIMED_OUT, "timeout")
+                break
+            if not run.main.alive():
+                break
+            run.wake.wait(_POLL)
+        if run.stop_kind is not None:
+            self._stop_nodes(run, run.nodes)
+        else:  # the main node exited: Batch stops the other nodes
+            self._stop_nodes(run, [n for n in run.nodes if n.index != run.main_index])
+        for node in run.nodes:  # the container is gone: so is anything its command left behind
+            _kill_group(node.proc, signal.SIGKILL)
+            if node.proc is not None:
+                node.proc.wait()
+        for node in run.nodes:
+            if node.reader is not None:
+                node.reader.join(timeout=5)
+        assert run.main.proc is not None
+        exit_code = _container_exit_code(run.main.proc.returncode)
+        if run.stop_kind == "preempt":  # the host went away: no exit code
+            self._finish(run, success=False, reason=run.stop_reason or "")
+        elif run.stop_kind is not None:
+            self._finish(run, success=False, reason=run.stop_reason or "", exit_code=exit_code)
+        else:
+            self._finish(run, success=exit_code == 0, reason=ESSENTIAL_CONTAINER_EXITED, exit_code=exit_code)
+
+    def _stop_nodes(self, run: _JobRun, nodes: list[_Node]) -> None:
+        """SIGTERM to the nodes' process groups, SIGKILL to what is left after the grace period."""
+        alive = [n for n in nodes if n.alive()]
+        if not alive:
+            return
+        for node in alive:
+            _kill_group(node.proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_period
+        while any(n.alive() for n in alive) and time.monotonic() < deadline and not run.hurry.is_set():
+            run.hurry.wait(_POLL)
+        for node in alive:
+            if node.alive():
+                _kill_group(node.proc, signal.SIGKILL)
+
+    def _preempt(self, run: _JobRun, instance_id: str | None) -> None:
+        reason = f"Host EC2 (instance {instance_id or run.instance_id}) terminated."
+        if run.request_stop(reason, "preempt"):
+            logger.info("job %s (%s) preempted: %s", run.job.job_name, run.job.job_id, reason)
+
+    def _finish_stopped(self, run: _JobRun) -> None:
+        self._finish(run, success=False, reason=run.stop_reason or "")
+
+    def _finish(self, run: _JobRun, *, success: bool, reason: str, exit_code: int | None = None) -> None:
+        job = run.job
+        if job.job_stopped:
+            return
+        before = _state(job)
+        job.exit_code = exit_code
+        job.job_stopped_reason = reason
+        if job.latest_attempt is not None:
+            job.latest_attempt["statusReason"] = reason
+            if exit_code is not None:
+                job.latest_attempt["container"]["exitCode"] = exit_code
+        job._mark_stopped(success=success)
+        logger.info(
+            "job %s (%s) %s -> %s: %s%s",
+            job.job_name,
+            job.job_id,
+            before,
+            _state(job),
+            reason,
+            f" (exit code {exit_code})" if exit_code is not None else "",
+        )
+
+    # --- multi-node: the node jobs <jobId>#<index>
+
+    def _node_view(self, job: batch_models.Job, index: int) -> _NodeView | None:
+        run = self._runs.get(job.job_id)
+        if run is None or job.job_definition.type != "multinode" or not 0 <= index < run.num_nodes:
+            return None
+        node = run.nodes[index] if index < len(run.nodes) else None
+        return _NodeView(run, index, node)
+
+
+class _NodeView:
+    """DescribeJobs / ListJobs entry of one node of a multi-node job (``<jobId>#<index>``)."""
+
+    def __init__(self, run: _JobRun, index: int, node: _Node | None) -> None:
+        self.run, self.index, self.node = run, index, node
+
+    def status(self) -> str:
+        job, node = self.run.job, self.node
+        if node is None or node.proc is None or node.alive():
+            return _state(job)
+        if self.index == self.run.main_index and job.job_stopped:
+            return _state(job)
+        if self.run.stop_kind is not None:
+            return "FAILED"
+        return "SUCCEEDED" if node.proc.returncode == 0 else "FAILED"
+
+    def describe_short(self) -> dict[str, Any]:
+        job = self.run.job
+        status = self.status()
+        result: dict[str, Any] = {
+            "jobId": f"{job.job_id}#{self.index}",
+            "jobArn": f"{job.arn}#{self.index}",
+            "jobName": job.job_name,
+            "createdAt": _millis(job.job_created_at),
+            "status": status,
+            "jobDefinition": job.job_definition.arn,
+            "nodeProperties": {
+                "isMainNode": self.index == self.run.main_index,
+                "numNodes": self.run.num_nodes,
+                "nodeIndex": self.index,
+            },
+        }
+        if self.run.started:
+            result["startedAt"] = _millis(job.job_started_at)
+        if status in ("SUCCEEDED", "FAILED"):
+            result["stoppedAt"] = _millis(job.job_stopped_at if job.job_stopped else datetime.now())
+            if job.job_stopped_reason:
+                result["statusReason"] = job.job_stopped_reason
+            if self.node is not None and self.node.proc is not None and self.run.stop_kind != "preempt":
+                result["container"] = {"exitCode": _container_exit_code(self.node.proc.returncode)}
+        return result
+
+    def describe(self) -> dict[str, Any]:
+        result = self.describe_short()
+        result.pop("nodeProperties")
+        result["jobQueue"] = self.run.job.job_queue.arn
+        result["nodeDetails"] = {"nodeIndex": self.index, "isMainNode": self.index == self.run.main_index}
+        container: dict[str, Any] = dict(result.get("container", {}))
+        if self.node is not None:
+            container["command"] = self.node.command
+            container["environment"] = [{"name": k, "value": v} for k, v in self.node.env.items()]
+            if self.run.started:
+                container["logStreamName"] = self.node.stream
+        result["container"] = container
+        result["attempts"] = (
+            [{"container": {"logStreamName": self.node.stream}, "startedAt": result["startedAt"]}]
+            if self.run.started and self.node is not None
+            else []
+        )
+        return result
+
+
+def _batch_routes() -> list[tuple[str, re.Pattern[str], str]]:
+    """(HTTP method, path pattern, API name) of every Batch operation, from botocore's service model."""
+    model = botocore.session.get_session().get_service_model("batch")
+    routes = []
+    for name in model.operation_names:
+        http = model.operation_model(name).http
+        uri = http["requestUri"].split("?", 1)[0]
+        pattern = re.sub(r"\\\{[^}]+\\\+\\\}", ".+", re.escape(uri))
+        pattern = re.sub(r"\\\{[^}]+\\\}", "[^/]+", pattern)
+        routes.append((http["method"], re.compile(pattern), name))
+    return routes
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logger.setLevel(logging.INFO)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    ready = Path(args.ready_file) if args.ready_file else None
+    emulator = BatchEmulator(
+        port=args.port,
+        job_cwd=args.job_cwd,
+        step_seconds=args.step_seconds,
+        grace_period=args.grace_period,
+        region=args.region,
+    )
+    with emulator:
+        setup = emulator.create_environment(fair_share=args.fair_share)
+        if args.preempt_after is not None:
+            emulator.preempt_after(
+                args.preempt_after,
+                queue=args.preempt_queue,
+                count=args.preempt_count,
+                name_contains=args.preempt_name_contains,
+            )
+        if ready is not None:
+            info = {
+                "endpoint_url": emulator.endpoint_url,
+                "region": emulator.region,
+                "spot_queue": setup.spot_queue,
+                "on_demand_queue": setup.on_demand_queue,
+                "fair_share_queue": setup.fair_share_queue,
+                "pid": os.getpid(),
+            }
+            partial = ready.with_name(ready.name + ".tmp")
+            partial.write_text(json.dumps(info))
+            partial.replace(ready)
+        print(f"AWS Batch emulator ready at {emulator.endpoint_url}", flush=True)
+        try:
+            stop.wait()
+        finally:
+            if ready is not None:
+                ready.unlink(missing_ok=True)
+    print("AWS Batch emulator stopped", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m emulators.aws_batch", description=__doc__.split("\n", 1)[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the emulator with the provider's queues until SIGTERM/SIGINT")
+    serve.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: a free one)")
+    serve.add_argument("--job-cwd", default=None, help="working directory of job processes")
+    serve.add_argument("--ready-file", default=None, help="write endpoint and queues here (JSON) once ready")
+    serve.add_argument("--region", default="us-east-1")
+    serve.add_argument("--fair-share", action="store_true", help="also create the fair-share queue gpu-fair-share")
+    serve.add_argument("--step-seconds", type=float, default=0.5)
+    serve.add_argument("--grace-period", type=float, default=5.0)
+    serve.add_argument("--preempt-after", type=float, default=None, metavar="SECONDS")
+    serve.add_argument("--preempt-queue", default=SPOT_QUEUE)
+    serve.add_argument("--preempt-name-contains", default=None)
+    serve.add_argument("--preempt-count", type=int, default=1)
+    args = parser.parse_args(argv)
+    return _serve(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
