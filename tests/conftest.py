@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ("tests.harness",)
+pytest_plugins = ("tests.harness", "tests.batch_world")
 
 _HOME = Path(tempfile.mkdtemp(prefix="gpu-provider-tests-"))
 os.environ.update(

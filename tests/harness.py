@@ -29,6 +29,7 @@ from airflow.sdk import DAG
 from gpu_provider import Checkpoint, GpuResources, OnDemand, Spot, SpotFallback
 from gpu_provider.operators import GpuJobOperator
 from gpu_provider.backends.local import LocalBackend
+from gpu_provider.backends.batch import BatchBackend
 
 with DAG(dag_id={dag_id!r}, schedule=None, catchup=False) as dag:
 {body}

@@ -74,8 +74,14 @@ class TaskKey:
 
     @property
     def run_hash(self) -> str:
-        """A short, stable hash of the run id (run ids are long and hold characters no service allows)."""
-        return hashlib.sha256(self.run_id.encode()).hexdigest()[:10]
+        """A short, stable hash of the dag id, task id and run id.
+
+        Run ids are long and hold characters no service allows, and names keep only the first
+        characters of the dag and task ids. Hashing all three keeps two DAGs whose ids share a
+        prefix apart even when their runs have the same id (e.g. ``scheduled__2026-01-05T00:00:00+00:00``).
+        """
+        key = "\x1f".join((self.dag_id, self.task_id, self.run_id))
+        return hashlib.sha256(key.encode()).hexdigest()[:10]
 
     @property
     def prefix(self) -> str:

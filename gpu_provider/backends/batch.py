@@ -530,6 +530,7 @@ class BatchBackend(Backend):
             env.update({"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
         environment = [{"name": k, "value": v} for k, v in sorted(env.items())]
         tags = {k: v[:256] for k, v in identity.tags().items()}
+        tags["gpu-provider/gpus"] = f"{request.resources.total_gpus:g}"  # all nodes: for GPU-hours and cost
         if request.resources.gpu_type:
             tags["gpu-provider/gpu-type"] = request.resources.gpu_type
         body: dict[str, Any] = {
@@ -548,9 +549,9 @@ class BatchBackend(Backend):
         if request.max_runtime_s:
             body["timeout"] = {"attemptDurationSeconds": max(MIN_ATTEMPT_SECONDS, math.ceil(request.max_runtime_s))}
         if self._is_fair_share(queue):
+            # a fair-share queue needs a scheduling priority on every job: the task's, else the lowest
             body["shareIdentifier"] = self._share(identity.team)
-            if priority is not None:
-                body["schedulingPriorityOverride"] = priority
+            body["schedulingPriorityOverride"] = priority if priority is not None else 0
         return body
 
     def _share(self, team: str | None) -> str:
@@ -657,6 +658,11 @@ class BatchBackend(Backend):
             assert match is not None
             job = details.get(job_id, {})
             tags = job.get("tags") or {}
+            if (
+                tags.get("gpu-provider/dag-id", task.dag_id[:256]) != task.dag_id[:256]
+                or tags.get("gpu-provider/task-id", task.task_id[:256]) != task.task_id[:256]
+            ):
+                continue  # a name collision with another task (the tags are the full ids)
             capacity = tags.get("gpu-provider/capacity") or ("spot" if queue == self.spot_queue else "on-demand")
             handles.append(
                 JobHandle(
@@ -670,7 +676,7 @@ class BatchBackend(Backend):
                         "queue": queue,
                         "region": self.region,
                         "job_definition": _definition_name(job),
-                        "gpus": _job_gpus(job),
+                        "gpus": _tag_number(tags, "gpu-provider/gpus") or _job_gpus(job),
                         "nodes": _job_nodes(job),
                     },
                 )
@@ -759,6 +765,13 @@ def _job_gpus(job: Mapping[str, Any]) -> float:
         per_node = gpus_of(ranges[0].get("container")) if ranges else 0.0
         return per_node * _job_nodes(job)
     return gpus_of(job.get("container"))
+
+
+def _tag_number(tags: Mapping[str, Any], key: str) -> float | None:
+    try:
+        return float(tags[key])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _job_nodes(job: Mapping[str, Any]) -> int:

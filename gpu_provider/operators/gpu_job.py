@@ -348,6 +348,7 @@ class GpuJobOperator(BaseOperator):
                 return self._wait(context, plan, records, handle)
             if state is JobState.SUCCEEDED:
                 self.log.info("Job %s of an earlier try already succeeded; returning its result.", handle.job_id)
+                self._publish_link(context, plan.backend, handle)
                 return self._result(plan, records)
             if last.get("interruption"):
                 # interrupted while no worker watched: the policy and its budget decide, as if we had seen it

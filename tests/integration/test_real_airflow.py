@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.batch_world import BatchWorld, connection_env
 from tests.harness import pid_alive, wait_for
 
 DAG_SOURCE = """
@@ -31,6 +32,7 @@ import sys
 from airflow.sdk import DAG
 from gpu_provider.operators import GpuJobOperator
 from gpu_provider.backends.local import LocalBackend
+from gpu_provider.backends.batch import BatchBackend
 
 STATE = {state!r}
 PIDS = {pids!r}
@@ -55,6 +57,16 @@ for deferrable in (True, False):
             poll_interval=1,
         )
     globals()[f"kill_{{name}}"] = dag
+
+with DAG(dag_id="kill_batch_deferred", schedule=None, catchup=False) as kill_batch_deferred:
+    GpuJobOperator(
+        task_id="job",
+        backend=BatchBackend(spot_queue={spot_queue!r}, on_demand_queue={on_demand_queue!r}),
+        image="trainer:1",
+        command=job(300) + ["batch"],
+        deferrable=True,
+        poll_interval=1,
+    )
 
 with DAG(dag_id="fan_out", schedule=None, catchup=False) as fan_out:
     GpuJobOperator.partial(
@@ -111,14 +123,21 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Airflow]:
+def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld) -> Iterator[Airflow]:
     root = tmp_path_factory.mktemp("standalone")
     dags, pids, state = root / "dags", root / "pids", root / "state"
     for folder in (dags, pids):
         folder.mkdir()
-    (dags / "real_airflow_dags.py").write_text(textwrap.dedent(DAG_SOURCE.format(state=str(state), pids=str(pids))))
+    source = DAG_SOURCE.format(
+        state=str(state),
+        pids=str(pids),
+        spot_queue=batch_emulator.setup.spot_queue,
+        on_demand_queue=batch_emulator.setup.on_demand_queue,
+    )
+    (dags / "real_airflow_dags.py").write_text(textwrap.dedent(source))
     port = _free_port()
     env = dict(os.environ)
+    env.update(connection_env(batch_emulator.emulator))  # the Batch DAG's jobs go to the emulator
     env.update(
         {
             "AIRFLOW_HOME": str(root / "home"),
@@ -203,3 +222,32 @@ def test_deferred_tasks_succeed_through_the_real_triggerer(airflow: Airflow) -> 
     tis = airflow.api("GET", "/dags/fan_out/dagRuns/run1/taskInstances")["task_instances"]
     assert sorted(ti["state"] for ti in tis) == ["success"] * 4
     assert sorted(p.name for p in airflow.pids.glob("1-fan*.pid")) == [f"1-fan{i}.pid" for i in range(4)]
+
+
+def test_marking_a_deferred_batch_task_failed_terminates_its_job(airflow: Airflow, batch: BatchWorld) -> None:
+    """The real triggerer reads the AWS connection from a thread, polls Batch, and on kill terminates."""
+    dag_id = "kill_batch_deferred"
+    airflow.trigger(dag_id, "run1")
+    pid = _job_pid(airflow, "batch")
+    wait_for(lambda: airflow.ti_state(dag_id, "run1") == "deferred", 60, "the task to be deferred")
+    log_dir = Path(airflow.env["AIRFLOW_HOME"]) / "logs" / f"dag_id={dag_id}"
+    wait_for(
+        lambda: any("Waiting for batch job" in f.read_text() for f in log_dir.rglob("*.log")),
+        60,
+        "the trigger to run in the triggerer",
+    )
+    wait_for(lambda: batch.bodies("DescribeJobs"), 30, "the triggerer to poll Batch")
+    links = airflow.api("GET", f"/dags/{dag_id}/dagRuns/run1/taskInstances/job/links")["extra_links"]
+    (submit,) = batch.bodies("SubmitJob")
+    job_id = batch.bodies("DescribeJobs")[-1]["jobs"][0]  # the only job this test's triggerer waits on
+    assert links["GPU job"].endswith(f"#jobs/detail/{job_id}"), links
+    assert "logsV2:log-groups" in links["GPU job logs"], links
+    assert pid_alive(pid)
+    airflow.api("PATCH", f"/dags/{dag_id}/dagRuns/run1/taskInstances/job", {"new_state": "failed"})
+    (terminate,) = wait_for(lambda: batch.bodies("TerminateJob"), 30, "TerminateJob")
+    assert terminate["jobId"] == job_id
+    assert terminate["reason"] == (f"gpu-provider: Airflow task {dag_id}.job of run run1 was killed while deferred"), (
+        terminate
+    )
+    assert submit["jobName"].startswith("gp-kill-batch-def-job-")
+    wait_for(lambda: not pid_alive(pid), 20, "the job process to stop")

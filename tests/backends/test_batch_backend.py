@@ -1,0 +1,234 @@
+"""The Batch backend against the Batch emulator: the requests it sends and what it makes of the answers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, JobStatus, TaskKey
+from gpu_provider.backends.batch import CANCEL_PREFIX, BatchBackend
+from gpu_provider.exceptions import GpuBackendThrottledError
+from gpu_provider.job import GpuResources
+from tests.batch_world import BatchWorld
+from tests.harness import pid_alive, wait_for
+
+
+def _request(
+    command: list[str],
+    *,
+    task: str = "job",
+    map_index: int = -1,
+    capacity: str = "on-demand",
+    nodes: int = 1,
+    attempt: int = 1,
+    team: str | None = None,
+    priority: int | None = None,
+    env: dict[str, str] | None = None,
+    max_runtime_s: float | None = None,
+) -> JobRequest:
+    identity = JobIdentity(
+        TaskKey("batch_tests", task, "manual__run", map_index),
+        try_number=1,
+        attempt=attempt,
+        capacity=capacity,
+        team=team,
+    )
+    return JobRequest(
+        identity=identity,
+        command=tuple(command),
+        env=env or {"GPU_PROVIDER_ATTEMPT": str(attempt)},
+        resources=GpuResources(gpus=1, nodes=nodes),
+        capacity=capacity,
+        image="gpu-test:1",
+        priority=priority,
+        max_runtime_s=max_runtime_s,
+    )
+
+
+def _py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def _wait_state(backend: BatchBackend, handle: JobHandle, *states: JobState, timeout: float = 30) -> JobStatus:
+    def reached() -> JobStatus | None:
+        status = backend.poll([handle])[handle.job_id]
+        return status if status.state in states else None
+
+    return wait_for(reached, timeout, f"job {handle.job_id} to reach {states}")  # type: ignore[no-any-return]
+
+
+def test_single_node_job_runs_and_its_request_carries_the_contract(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    handle = backend.submit(
+        _request(_py("print('hello from batch')"), env={"GPU_PROVIDER_ATTEMPT": "1", "MY_VAR": "x"}, max_runtime_s=90)
+    )
+    status = _wait_state(backend, handle, JobState.SUCCEEDED, JobState.FAILED)
+    assert status.state is JobState.SUCCEEDED, status
+    assert status.started_at and status.ended_at and status.ended_at >= status.started_at
+    assert status.gpu_seconds > 0
+    (body,) = batch.bodies("SubmitJob")
+    assert body["jobName"] == handle.name
+    assert body["jobQueue"] == batch.setup.on_demand_queue
+    env = {e["name"]: e["value"] for e in body["containerOverrides"]["environment"]}
+    assert env == {
+        "GPU_PROVIDER_ATTEMPT": "1",
+        "MY_VAR": "x",
+        "NNODES": "1",
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+    }
+    assert body["timeout"] == {"attemptDurationSeconds": 90}
+    assert body["tags"]["gpu-provider/task-id"] == "job"
+    assert body["tags"]["gpu-provider/capacity"] == "on-demand"
+    assert body["propagateTags"] is True
+    # not a fair-share queue: real Batch rejects these fields there
+    assert "shareIdentifier" not in body and "schedulingPriorityOverride" not in body
+    (definition,) = batch.bodies("RegisterJobDefinition")
+    assert body["jobDefinition"].split("/")[-1].startswith(definition["jobDefinitionName"] + ":")
+    assert {"type": "GPU", "value": "1"} in definition["containerProperties"]["resourceRequirements"]
+    lines, position = backend.logs(handle)
+    assert "hello from batch" in lines
+    assert backend.logs(handle, position) == ([], position)
+    assert status.log_url and "log-events" in status.log_url
+
+
+def test_job_definition_is_registered_once_and_reused(batch: BatchWorld) -> None:
+    first = BatchBackend(**batch.queues)
+    first.submit(_request(_py("pass"), task="reuse"))
+    first.submit(_request(_py("pass"), task="reuse", attempt=2))
+    # a fresh backend (another worker) finds the definition instead of registering a new revision
+    BatchBackend(**batch.queues).submit(_request(_py("pass"), task="reuse", attempt=3))
+    assert len(batch.bodies("RegisterJobDefinition")) == 1
+    assert len({b["jobDefinition"] for b in batch.bodies("SubmitJob")}) == 1
+    # a changed command is a new definition
+    first.submit(_request(_py("print(1)"), task="reuse", attempt=4))
+    assert len(batch.bodies("RegisterJobDefinition")) == 2
+
+
+def test_fair_share_fields_only_on_a_fair_share_queue(batch: BatchWorld) -> None:
+    assert batch.setup.fair_share_queue
+    fair = BatchBackend(spot_queue=batch.setup.spot_queue, on_demand_queue=batch.setup.fair_share_queue)
+    fair.submit(_request(_py("pass"), task="fair", team="ml-infra", priority=70))
+    fair.submit(_request(_py("pass"), task="fair2"))
+    plain = BatchBackend(**batch.queues)
+    plain.submit(_request(_py("pass"), task="plain", team="ml-infra", priority=70))
+    with_team, without_team, on_plain = batch.bodies("SubmitJob")
+    assert (with_team["shareIdentifier"], with_team["schedulingPriorityOverride"]) == ("ml_infra", 70)
+    assert (without_team["shareIdentifier"], without_team["schedulingPriorityOverride"]) == ("default", 0)
+    assert "shareIdentifier" not in on_plain and "schedulingPriorityOverride" not in on_plain
+    assert on_plain["tags"]["gpu-provider/team"] == "ml-infra"
+
+
+def test_multi_node_request_and_the_normalised_environment_on_each_node(batch: BatchWorld, tmp_path: Path) -> None:
+    backend = BatchBackend(**batch.queues, master_port=29611)
+    code = (
+        "import os, pathlib; "
+        f"pathlib.Path({str(tmp_path)!r}, os.environ['NODE_RANK']).write_text("
+        "' '.join(os.environ[k] for k in ('NNODES', 'NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')))"
+    )
+    handle = backend.submit(_request(_py(code), task="mnp", nodes=2))
+    status = _wait_state(backend, handle, JobState.SUCCEEDED, JobState.FAILED)
+    assert status.state is JobState.SUCCEEDED, status
+    (definition,) = batch.bodies("RegisterJobDefinition")
+    assert definition["type"] == "multinode"
+    props = definition["nodeProperties"]
+    assert (props["numNodes"], props["mainNode"]) == (2, 0)
+    assert props["nodeRangeProperties"][0]["targetNodes"] == "0:"
+    assert props["nodeRangeProperties"][0]["container"]["command"][:2] == ["/bin/sh", "-c"]
+    (body,) = batch.bodies("SubmitJob")
+    assert "containerOverrides" not in body
+    (override,) = body["nodeOverrides"]["nodePropertyOverrides"]
+    assert override["targetNodes"] == "0:"
+    env = {e["name"]: e["value"] for e in override["containerOverrides"]["environment"]}
+    # rank and master address differ per node: the entry derives them from Batch's variables
+    assert (env["NNODES"], env["MASTER_PORT"]) == ("2", "29611")
+    assert "NODE_RANK" not in env and "MASTER_ADDR" not in env
+    assert (tmp_path / "0").read_text() == "2 0 127.0.0.1 29611"
+    assert (tmp_path / "1").read_text() == "2 1 127.0.0.1 29611"
+    assert status.gpu_seconds > 0
+
+
+def test_poll_describes_up_to_100_jobs_per_call(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    handles = [backend.submit(_request(_py("pass"), task=f"many{i}", capacity="spot")) for i in range(250)]
+    batch.emulator.reset_requests()
+    statuses = backend.poll(handles)
+    assert set(statuses) == {h.job_id for h in handles}
+    assert {s.state for s in statuses.values()} == {JobState.QUEUED}
+    calls = batch.bodies("DescribeJobs")
+    assert [len(c["jobs"]) for c in calls] == [100, 100, 50]
+
+
+def test_throttled_status_reads_back_off_and_persistent_throttling_is_not_a_failure(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    handle = backend.submit(_request(_py("pass"), task="throttled"))
+    batch.emulator.throttle("DescribeJobs", 2)
+    for _ in range(5):
+        assert backend.poll([handle])[handle.job_id].state in set(JobState)
+    throttled = [r for r in batch.emulator.requests("DescribeJobs") if r["throttled"]]
+    assert throttled, "the emulator must have throttled some calls"
+    batch.emulator.throttle("DescribeJobs", 1)  # every call
+    with pytest.raises(GpuBackendThrottledError, match="throttled DescribeJobs"):
+        backend.poll([handle])
+
+
+def test_cancel_terminates_with_the_reason_and_stops_the_process(batch: BatchWorld, tmp_path: Path) -> None:
+    backend = BatchBackend(**batch.queues)
+    pid_file = tmp_path / "pid"
+    code = f"import os, time, pathlib; pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid())); time.sleep(60)"
+    handle = backend.submit(_request(_py(code), task="cancel"))
+    _wait_state(backend, handle, JobState.RUNNING)
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 15, "the job's pid"))
+    backend.cancel(handle, "Airflow task batch_tests.cancel of run manual__run was killed")
+    status = _wait_state(backend, handle, JobState.CANCELLED, JobState.FAILED)
+    assert status.state is JobState.CANCELLED
+    assert status.reason == "Airflow task batch_tests.cancel of run manual__run was killed"
+    (body,) = batch.bodies("TerminateJob")
+    assert body == {"jobId": handle.job_id, "reason": CANCEL_PREFIX + status.reason}
+    wait_for(lambda: not pid_alive(pid), 10, "the job process to stop")
+
+
+def test_reclaimed_spot_host_reads_as_preempted(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    handle = backend.submit(_request(_py("import time; time.sleep(60)"), task="reclaim", capacity="spot"))
+    _wait_state(backend, handle, JobState.RUNNING)
+    batch.emulator.preempt(handle.job_id)
+    status = _wait_state(backend, handle, JobState.PREEMPTED, JobState.FAILED, JobState.CANCELLED)
+    assert status.state is JobState.PREEMPTED
+    assert status.reason.startswith("Host EC2 (instance i-") and status.reason.endswith("terminated.")
+
+
+def test_failed_job_keeps_its_exit_code(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    handle = backend.submit(_request(_py("import sys; print('boom'); sys.exit(3)"), task="fails"))
+    status = _wait_state(backend, handle, JobState.SUCCEEDED, JobState.FAILED)
+    assert status.state is JobState.FAILED
+    assert "boom" in backend.logs(handle)[0]
+
+
+def test_find_existing_finds_attempts_by_name_in_both_queues(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    first = backend.submit(_request(_py("pass"), task="lookup", capacity="spot"))
+    second = backend.submit(_request(_py("pass"), task="lookup", attempt=2))
+    backend.submit(_request(_py("pass"), task="lookup", map_index=3))  # another task instance
+    backend.submit(_request(_py("pass"), task="lookup-other"))
+    found = BatchBackend(**batch.queues).find_existing(TaskKey("batch_tests", "lookup", "manual__run", -1))
+    assert [(h.job_id, h.attempt, h.capacity) for h in found] == [
+        (first.job_id, 1, "spot"),
+        (second.job_id, 2, "on-demand"),
+    ]
+    assert found[0].extra["queue"] == batch.setup.spot_queue
+    assert found[0].extra["gpus"] == 1
+    mapped = backend.find_existing(TaskKey("batch_tests", "lookup", "manual__run", 3))
+    assert len(mapped) == 1
+
+
+def test_unknown_queue_is_a_clear_error(batch: BatchWorld) -> None:
+    backend = BatchBackend(spot_queue="nope", on_demand_queue="nope-either")
+    with pytest.raises(Exception, match="job queue 'nope-either' does not exist"):
+        backend.submit(_request(_py("pass"), task="noqueue"))

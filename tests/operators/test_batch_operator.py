@@ -1,0 +1,309 @@
+"""GpuJobOperator on AWS Batch end to end: real Airflow (dag.test in a child process), the Batch
+emulator (moto server; every job runs as a local process), asserting the requests that reached the
+server and what the tasks returned."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_provider.backends.base import JobIdentity, JobRequest, TaskKey
+from gpu_provider.backends.batch import CANCEL_PREFIX, BatchBackend
+from gpu_provider.job import GpuResources
+from gpu_provider.triggers.gpu_job import GpuJobTrigger, SharedPoller
+from tests.batch_world import BatchWorld
+from tests.harness import Harness, pid_alive, wait_for
+
+
+def _env(body: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in body["containerOverrides"]["environment"]}
+
+
+def _pids(pid_dir: Path) -> dict[str, int]:
+    return {p.stem: int(p.read_text()) for p in pid_dir.glob("*.pid") if p.read_text().strip()}
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferrable"])
+def test_spot_reclaimed_while_running_resumes_on_the_on_demand_queue(
+    harness: Harness, batch: BatchWorld, deferrable: bool
+) -> None:
+    dag_id = f"batch_fallback_{'def' if deferrable else 'sync'}"
+    out, ckpt = harness.tmp / "out", harness.tmp / "ckpt"
+    batch.emulator.preempt_after(1.5, queue=batch.setup.spot_queue, name_contains=dag_id[:14].replace("_", "-"))
+    dag = harness.write_dag(
+        dag_id,
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend={batch.backend_source()},
+            image="trainer:1",
+            command={harness.toy_command(str(out), 14, 0.2)},
+            capacity=SpotFallback(after_preemptions=1, backoff=0),
+            checkpoint="file://{ckpt}",
+            deferrable={deferrable},
+            poll_interval=0.3,
+        )
+        """,
+    )
+    run = harness.run(dag, dag_id)
+    task = run.task()
+    assert task["state"] == "success", run.log[-4000:]
+    result = task["xcom"]
+    first, second = result["attempts"]
+    assert (first["capacity"], first["state"], first["queue"]) == ("spot", "PREEMPTED", batch.setup.spot_queue)
+    assert first["reason"].startswith("Host EC2 (instance i-") and first["reason"].endswith("terminated.")
+    assert (second["capacity"], second["state"], second["queue"]) == (
+        "on-demand",
+        "SUCCEEDED",
+        batch.setup.on_demand_queue,
+    )
+    assert "ckpt-" in second["resume_from"] and int(second["resume_from"].rsplit("ckpt-", 1)[1]) > 0
+    # what reached the server: the second SubmitJob went to the on-demand queue, resuming
+    spot_body, on_demand_body = batch.bodies("SubmitJob")
+    assert spot_body["jobQueue"] == batch.setup.spot_queue
+    assert _env(spot_body)["GPU_PROVIDER_RESUME_FROM"] == ""
+    assert on_demand_body["jobQueue"] == batch.setup.on_demand_queue
+    assert _env(on_demand_body)["GPU_PROVIDER_RESUME_FROM"] == second["resume_from"]
+    assert (_env(on_demand_body)["GPU_PROVIDER_ATTEMPT"], _env(on_demand_body)["GPU_PROVIDER_CAPACITY"]) == (
+        "2",
+        "on-demand",
+    )
+    history = json.loads((out / "result.json").read_text())["history"]
+    assert history[1]["start"] == int(second["resume_from"].rsplit("ckpt-", 1)[1])
+    # the job's own log reached the task log (streamed, or copied when the deferred attempt ended)
+    assert "[job] resumed from step" in run.log
+
+
+def test_spot_job_left_runnable_past_its_deadline_is_terminated_and_resubmitted_on_demand(
+    harness: Harness, batch: BatchWorld
+) -> None:
+    batch.emulator.hold(batch.setup.spot_queue)  # no spot capacity comes
+    out = harness.tmp / "out"
+    dag = harness.write_dag(
+        "batch_spot_wait",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend={batch.backend_source()},
+            image="trainer:1",
+            command={harness.toy_command(str(out), 2, 0.05)},
+            capacity=SpotFallback(spot_wait_timeout=2.0, backoff=0),
+            checkpoint="file://{harness.tmp / "ckpt"}",
+            deferrable=True,
+            poll_interval=0.3,
+        )
+        """,
+    )
+    run = harness.run(dag, "batch_spot_wait")
+    task = run.task()
+    assert task["state"] == "success", run.log[-4000:]
+    first, second = task["xcom"]["attempts"]
+    assert (first["capacity"], first["state"], first["interruption"]) == ("spot", "CANCELLED", "capacity_timeout")
+    assert (second["capacity"], second["state"]) == ("on-demand", "SUCCEEDED")
+    (terminate,) = batch.bodies("TerminateJob")
+    assert terminate["jobId"] == first["job_id"]
+    assert terminate["reason"].startswith(CANCEL_PREFIX + "no spot capacity after 2s waiting (spot_wait_timeout)")
+    spot_body, on_demand_body = batch.bodies("SubmitJob")
+    assert (spot_body["jobQueue"], on_demand_body["jobQueue"]) == (batch.setup.spot_queue, batch.setup.on_demand_queue)
+    assert batch.describe(first["job_id"])["status"] == "FAILED"
+
+
+def test_worker_crash_then_retry_reattaches_without_a_second_submit(harness: Harness, batch: BatchWorld) -> None:
+    out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
+    dag = harness.write_dag(
+        "batch_crash",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend={batch.backend_source()},
+            image="trainer:1",
+            command={harness.toy_command(str(out), 80, 0.15)},
+            env={{"PID_DIR": {str(pid_dir)!r}}},
+            checkpoint="file://{harness.tmp / "ckpt"}",
+            poll_interval=0.3,
+            deferrable=False,
+        )
+        """,
+    )
+    worker, _, _ = harness.start(dag, "batch_crash")
+    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the Batch job to start")
+    os.killpg(worker.pid, signal.SIGKILL)  # the worker dies; the Batch job does not
+    worker.wait(timeout=10)
+    assert pid_alive(job_pid)
+    assert len(batch.bodies("SubmitJob")) == 1
+
+    run = harness.run(dag, "batch_crash")
+    task = run.task()
+    assert task["state"] == "success", run.log[-4000:]
+    assert "Reattaching to batch job" in run.log
+    assert len(batch.bodies("SubmitJob")) == 1, "the retry must not submit a second job"
+    assert len(task["xcom"]["attempts"]) == 1
+    assert set(_pids(pid_dir)) == {"1-0"}
+
+
+def test_worker_crash_before_the_record_was_saved_is_found_by_job_name(harness: Harness, batch: BatchWorld) -> None:
+    """The task state store is empty (the crash came first): ListJobs by job name finds the job."""
+    out = harness.tmp / "out"
+    dag = harness.write_dag(
+        "batch_lookup",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend={batch.backend_source()},
+            image="trainer:1",
+            command={harness.toy_command(str(out), 60, 0.2)},
+            poll_interval=0.3,
+            deferrable=False,
+        )
+        """,
+    )
+    import pendulum
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.types import DagRunType
+
+    # submit "attempt 1 of try 1" as the crashed worker would have, with nothing recorded
+    when = pendulum.parse("2026-01-05T00:00:00+00:00")
+    run_id = DagRun.generate_run_id(run_type=DagRunType.MANUAL, logical_date=when, run_after=when)
+    identity = JobIdentity(TaskKey("batch_lookup", "job", run_id), try_number=1, attempt=1, capacity="on-demand")
+    backend = BatchBackend(**batch.queues)
+    command = tuple(harness.toy_args(str(out), 60, 0.2))
+    backend.submit(JobRequest(identity, command, {}, GpuResources(), "on-demand", image="trainer:1", resume_from=None))
+    run = harness.run(dag, "batch_lookup")
+    assert run.task()["state"] == "success", run.log[-4000:]
+    assert "Reattaching to batch job" in run.log
+    assert len(batch.bodies("SubmitJob")) == 1
+    assert {b["filters"][0]["name"] for b in batch.bodies("ListJobs")} == {"JOB_NAME"}
+
+
+def test_killing_a_running_task_terminates_its_job(harness: Harness, batch: BatchWorld) -> None:
+    out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
+    dag = harness.write_dag(
+        "batch_kill",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend={batch.backend_source()},
+            image="trainer:1",
+            command={harness.toy_command(str(out), 300, 0.2)},
+            env={{"PID_DIR": {str(pid_dir)!r}}},
+            poll_interval=0.3,
+            deferrable=False,
+        )
+        """,
+    )
+    worker, _, log = harness.start(dag, "batch_kill")
+    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the Batch job to start")
+    worker.send_signal(signal.SIGTERM)  # what Airflow sends a task it kills
+    (terminate,) = wait_for(lambda: batch.bodies("TerminateJob"), 15, "TerminateJob")
+    assert terminate["reason"].startswith(CANCEL_PREFIX + "Airflow task batch_kill.job of run ")
+    assert terminate["reason"].endswith(" was killed")
+    wait_for(lambda: not pid_alive(job_pid), 10, "the job process to stop")
+    worker.wait(timeout=30)
+    assert "Cancelled batch job" in log.read_text()
+
+
+def test_killing_a_deferred_task_terminates_its_job(batch: BatchWorld) -> None:
+    """The triggerer runs the trigger's on_kill when a deferred task is killed."""
+    backend = BatchBackend(**batch.queues)
+    identity = JobIdentity(TaskKey("batch_deferred", "job", "manual__1"), try_number=1, attempt=1, capacity="on-demand")
+    handle = backend.submit(
+        JobRequest(
+            identity, (sys.executable, "-c", "import time; time.sleep(60)"), {}, GpuResources(), "on-demand", image="x"
+        )
+    )
+    trigger = GpuJobTrigger(
+        backend=backend.spec(),
+        handle=handle.to_dict(),
+        poll_interval=0.3,
+        task_label="Airflow task batch_deferred.job of run manual__1",
+    )
+
+    async def wait_then_kill() -> None:
+        waiting = asyncio.ensure_future(trigger.run().__anext__())
+        await asyncio.sleep(1.0)
+        assert not waiting.done()
+        waiting.cancel()
+        await trigger.on_kill()
+
+    asyncio.run(wait_then_kill())
+    (terminate,) = batch.bodies("TerminateJob")
+    assert terminate == {
+        "jobId": handle.job_id,
+        "reason": CANCEL_PREFIX + "Airflow task batch_deferred.job of run manual__1 was killed while deferred",
+    }
+
+
+def test_every_task_succeeds_while_a_third_of_describe_calls_are_throttled(harness: Harness, batch: BatchWorld) -> None:
+    batch.emulator.throttle("DescribeJobs", 3)
+    tasks = "\n".join(
+        f"""
+        GpuJobOperator(
+            task_id="job{i}",
+            backend={batch.backend_source()},
+            image="trainer:1",
+            command={harness.toy_command(str(harness.tmp / f"out{i}"), 6, 0.1)},
+            deferrable={i % 2 == 0},
+            poll_interval=0.2,
+        )"""
+        for i in range(4)
+    )
+    dag = harness.write_dag("batch_throttled", tasks)
+    run = harness.run(dag, "batch_throttled", timeout=240)
+    states = {name: t["state"] for name, t in run.result["tasks"].items()}
+    assert states == {f"job{i}": "success" for i in range(4)}, run.log[-4000:]
+    describe = batch.emulator.requests("DescribeJobs")
+    throttled = sum(r["throttled"] for r in describe)
+    assert throttled >= len(describe) // 3 - 1 and throttled > 0
+    assert len(batch.bodies("SubmitJob")) == 4, "throttling must never cause a resubmission"
+
+
+def test_250_waiting_tasks_cost_at_most_3_describe_calls_per_tick(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    handles = []
+    for i in range(250):
+        identity = JobIdentity(TaskKey("batch_many", f"t{i}", "manual__1"), try_number=1, attempt=1, capacity="spot")
+        handles.append(backend.submit(JobRequest(identity, ("true",), {}, GpuResources(), "spot", image="x")))
+    interval = 1.0
+
+    async def wait_together() -> list[str]:
+        triggers = [
+            GpuJobTrigger(backend=backend.spec(), handle=h.to_dict(), poll_interval=interval, stream_logs=False)
+            for h in handles
+        ]
+
+        async def first(trigger: GpuJobTrigger) -> str:
+            async for event in trigger.run():
+                return str(event.payload["status"])
+            return "none"
+
+        waiting = [asyncio.ensure_future(first(t)) for t in triggers]
+        await asyncio.sleep(interval * 0.5)  # let every trigger subscribe
+        batch.emulator.reset_requests()
+        await asyncio.sleep(interval * 6)
+        pollers = [p for p in SharedPoller._pollers.values() if p.backend == backend]
+        assert len(pollers) == 1, "one shared poller per event loop and backend"
+        requests = batch.emulator.requests("DescribeJobs")
+        batch.emulator.release(batch.setup.spot_queue)
+        # the server's view: calls come in bursts, one burst per tick, ticks `interval` apart
+        bursts: list[list[dict[str, Any]]] = []
+        for request in requests:
+            if bursts and request["time"] - bursts[-1][-1]["time"] < interval / 2:
+                bursts[-1].append(request)
+            else:
+                bursts.append([request])
+        assert len(bursts) >= 4, f"expected several ticks, saw {len(bursts)}"
+        assert max(len(b) for b in bursts) <= 3, [len(b) for b in bursts]
+        complete = bursts[1:-1]  # the first and last may be cut by the window
+        assert all(sum(len(r["body"]["jobs"]) for r in b) == 250 for b in complete), "every tick asks about all 250"
+        return list(await asyncio.wait_for(asyncio.gather(*waiting), 120))
+
+    statuses = asyncio.run(wait_together())
+    assert statuses == ["succeeded"] * 250
