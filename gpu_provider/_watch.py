@@ -80,6 +80,8 @@ class AttemptWatch:
         if self.stream_logs:
             self._forward_logs()
         if status.state.terminal:
+            if self.stream_logs:
+                self._settle_logs()
             return ENDED
         if (
             self.spot_wait_timeout is not None
@@ -89,11 +91,23 @@ class AttemptWatch:
             return CAPACITY_TIMEOUT
         return None
 
-    def _forward_logs(self) -> None:
+    def _forward_logs(self) -> int:
+        """Copy the job's new log lines into ``log``; returns how many there were."""
         try:
             lines, self._log_pos = self.backend.logs(self.handle, self._log_pos)
         except Exception as err:  # logs are a convenience; they never fail the wait
             self.log.debug("Could not read logs of %s: %s", self.handle.job_id, err)
-            return
+            return 0
         for line in lines:
             self.log.info("[job] %s", line)
+        return len(lines)
+
+    def _settle_logs(self) -> None:
+        """After the end: keep reading for up to ``log_settle_s``, until two reads in a row bring nothing new."""
+        deadline = time.monotonic() + self.backend.log_settle_s
+        quiet = 0
+        while time.monotonic() < deadline and quiet < 2:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            quiet = 0 if self._forward_logs() else quiet + 1
+            if not self._log_pos:
+                quiet = 0  # nothing at all yet: wait for the first lines until the deadline

@@ -96,8 +96,7 @@ class _Emulator:
                 "4",
                 "--preempt-queue",
                 "gpu-spot",
-                "--preempt-name-contains",
-                "-train-",
+                "--preempt-name-contains=-train-",
             ],
             cwd=REPO,
             stdout=self.log,
@@ -111,6 +110,19 @@ class _Emulator:
                 raise RuntimeError(f"the Batch emulator did not start; see {self.log_path}")
             time.sleep(0.1)
         self.info: dict[str, Any] = json.loads(ready.read_text())
+        self._tail = threading.Thread(target=self._show_batch_side, daemon=True)
+        self._tail.start()
+
+    def _show_batch_side(self) -> None:
+        """Echo what Batch itself saw of interruptions and failures, as they happen."""
+        with self.log_path.open() as log:
+            while self.proc.poll() is None:
+                line = log.readline()
+                if not line:
+                    time.sleep(0.2)
+                    continue
+                if " preempted: " in line or "-> FAILED" in line:
+                    print("  [batch emulator] " + line.split(" __main__ ", 1)[-1].strip(), flush=True)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -220,6 +220,9 @@ class Backend(ABC):
     #: backend whose log reads cost one service call per job turns this off, and the worker then
     #: copies each attempt's whole log when it ends
     stream_logs_when_deferred: ClassVar[bool] = True
+    #: seconds a job's last log lines may arrive after its end is reported (a log service's delay);
+    #: the worker keeps reading the log that long, until a read brings nothing new
+    log_settle_s: ClassVar[float] = 0.0
 
     @abstractmethod
     def options(self) -> dict[str, Any]:

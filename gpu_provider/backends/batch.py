@@ -220,6 +220,8 @@ class BatchBackend(Backend):
     #: many deferred tasks share one triggerer: reading every job's CloudWatch stream every tick
     #: would cost one call per job per tick, so the worker copies an attempt's log when it ends
     stream_logs_when_deferred: ClassVar[bool] = False
+    #: the awslogs driver ships a container's last lines a few seconds after the job has ended
+    log_settle_s: ClassVar[float] = 6.0
 
     def __init__(
         self,
@@ -605,6 +607,8 @@ class BatchBackend(Backend):
         reason = str(job.get("statusReason") or "")
         if state is JobState.FAILED:
             state, reason = refine_failure(job)
+        elif state is JobState.SUCCEEDED:
+            reason = ""  # Batch says "Essential container in task exited" on success too: no news
         started = _seconds_from_ms(job.get("startedAt"))
         ended = _seconds_from_ms(job.get("stoppedAt")) if state.terminal else None
         gpus = float(handle.extra.get("gpus") or _job_gpus(job))

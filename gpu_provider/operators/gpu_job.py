@@ -9,6 +9,7 @@ from the checkpoint too. A new try first looks for the previous try's job and re
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 import time
@@ -549,6 +550,8 @@ class GpuJobOperator(BaseOperator):
             record["interruption"] = CAPACITY_TIMEOUT
         elif status.state is JobState.PREEMPTED:
             record["interruption"] = PREEMPTED
+        if status.state is JobState.SUCCEEDED and not status.output_uri:
+            status = dataclasses.replace(status, output_uri=self._output_from_log(plan.backend, handle))
         self._update_record(record, status)
         self._persist(context, records)
         where = (
@@ -685,15 +688,35 @@ class GpuJobOperator(BaseOperator):
     def _copy_log(self, backend: Backend, handle: JobHandle) -> None:
         """Copy an attempt's whole log into the task log (when the trigger did not stream it)."""
         position = 0
+        deadline = time.monotonic() + backend.log_settle_s
         try:
             while True:
                 lines, position = backend.logs(handle, position)
                 for line in lines:
                     self.log.info("[job] %s", line)
-                if not lines:
+                if not lines and (position > 0 or time.monotonic() >= deadline):
                     break
+                if not lines:
+                    time.sleep(1.0)  # the log service may not have the lines yet
         except Exception as err:  # the log is a convenience; it never fails the task
             self.log.warning("Could not read the log of %s job %s: %s", backend.name, handle.job_id, err)
+
+    def _output_from_log(self, backend: Backend, handle: JobHandle) -> str | None:
+        """The output URI a job declared in its log (``declare_output`` prints it where no file is shared)."""
+        from gpu_provider.runtime.output import OUTPUT_LINE_PREFIX
+
+        found, position = None, 0
+        try:
+            while True:
+                lines, position = backend.logs(handle, position)
+                for line in lines:
+                    if OUTPUT_LINE_PREFIX in line:
+                        found = line.rpartition(OUTPUT_LINE_PREFIX)[2].strip() or found
+                if not lines:
+                    return found
+        except Exception as err:  # the output URI is a convenience for the next stage
+            self.log.warning("Could not read the declared output of job %s from its log: %s", handle.job_id, err)
+            return found
 
     def _task_label(self) -> str:
         run = f" of run {self._run_id}" if self._run_id else ""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.batch_world import BatchWorld
 from tests.harness import REPO, Harness
 
 
@@ -54,5 +55,50 @@ def test_pipeline_runs_end_to_end_with_one_interruption(harness: Harness) -> Non
     model = Path(train["output_uri"].removeprefix("file://"))
     with np.load(model / "model.npz") as params:
         assert {"w1", "b1", "w2", "b2"} <= set(params.files)
+    metrics = json.loads((Path(infer["output_uri"].removeprefix("file://")) / "metrics.json").read_text())
+    assert metrics["accuracy"] > 0.8
+
+
+def test_pipeline_runs_on_batch_with_a_reclaimed_spot_host(harness: Harness, batch: BatchWorld) -> None:
+    """`make demo BACKEND=batch` as a test: every stage is a Batch job; the spot training host is reclaimed."""
+    dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
+    shutil.copy(REPO / "dags" / "gpu_ml_pipeline.py", dag_file)
+    data_root = harness.tmp / "data"
+    batch.emulator.preempt_after(2.0, queue=batch.setup.spot_queue, name_contains="-train-")
+    conf = {"jobs_dir": str(REPO / "jobs"), "epochs": 3, "step_delay": 0.04, "data_root": f"file://{data_root}"}
+    run = harness.run(
+        dag_file,
+        "gpu_ml_pipeline",
+        logical_date="2026-03-02T00:00:00+00:00",
+        conf=conf,
+        extra_env={
+            "GPU_PIPELINE_BACKEND": "batch",
+            "GPU_PIPELINE_IMAGE": "gpu-pipeline:test",
+            "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": batch.setup.spot_queue,
+            "AIRFLOW__GPU_PROVIDER__BATCH_ON_DEMAND_QUEUE": batch.setup.on_demand_queue,
+            "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "0.5",
+        },
+    )
+    assert run.result["state"].endswith("success"), run.log[-4000:]
+    prep, train, infer = (run.task(t)["xcom"] for t in ("preprocess", "train", "batch_inference"))
+    assert {prep["backend"], train["backend"], infer["backend"]} == {"batch"}
+    assert prep["output_uri"] == f"file://{data_root}/2026-02-23/dataset", "declared in the job's log"
+    assert [(a["capacity"], a["state"], a["queue"]) for a in train["attempts"]] == [
+        ("spot", "PREEMPTED", batch.setup.spot_queue),
+        ("on-demand", "SUCCEEDED", batch.setup.on_demand_queue),
+    ]
+    assert train["attempts"][0]["reason"].startswith("Host EC2 (instance i-")
+    assert int(train["attempts"][1]["resume_from"].rsplit("ckpt-", 1)[1]) > 0
+    # the stages were shaped for Batch: one training node, a whole GPU for inference, an image
+    definitions = {b["jobDefinitionName"].split("-")[3]: b for b in batch.bodies("RegisterJobDefinition")}
+    assert {d["type"] for d in definitions.values()} == {"container"}
+    assert {d["containerProperties"]["image"] for d in definitions.values()} == {"gpu-pipeline:test"}
+    submits = batch.bodies("SubmitJob")
+    assert [b["jobQueue"] for b in submits] == [
+        batch.setup.on_demand_queue,
+        batch.setup.spot_queue,
+        batch.setup.on_demand_queue,
+        batch.setup.spot_queue,
+    ]
     metrics = json.loads((Path(infer["output_uri"].removeprefix("file://")) / "metrics.json").read_text())
     assert metrics["accuracy"] > 0.8

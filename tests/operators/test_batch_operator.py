@@ -307,3 +307,28 @@ def test_250_waiting_tasks_cost_at_most_3_describe_calls_per_tick(batch: BatchWo
 
     statuses = asyncio.run(wait_together())
     assert statuses == ["succeeded"] * 250
+
+
+def test_a_failing_job_fails_the_task_with_its_exit_code_and_last_log_lines(
+    harness: Harness, batch: BatchWorld
+) -> None:
+    code = "import sys; print('loading data'); print('fatal: no such table', file=sys.stderr); sys.exit(3)"
+    dag = harness.write_dag(
+        "batch_fails",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend={batch.backend_source()},
+            image="trainer:1",
+            command={[sys.executable, "-c", code]!r},
+            poll_interval=0.3,
+            deferrable=False,
+        )
+        """,
+    )
+    run = harness.run(dag, "batch_fails")
+    assert run.task()["state"] == "failed"
+    assert "ended FAILED: Essential container in task exited (exit code 3)" in run.log
+    # the job exits at once; its last lines still reach the task log (read until the log settles)
+    assert "[job] loading data" in run.log and "[job] fatal: no such table" in run.log
+    assert len(batch.bodies("SubmitJob")) == 1, "a job's own failure is not resubmitted without retries"
