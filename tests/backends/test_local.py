@@ -581,9 +581,11 @@ def test_no_gpu_runs_cpu_only_and_says_so_once(
 
 
 def test_find_existing_from_a_restarted_worker(local: Local) -> None:
-    # "train-dag" and "train_dag" share a name prefix; find_existing must tell them apart
+    # "train-dag" and "train_dag" look alike in a name; the run hash covers the full ids, so the
+    # prefixes differ, and find_existing must tell them apart either way
     lookalike = TaskKey("train-dag", TASK.task_id, TASK.run_id)
-    assert lookalike.prefix == TASK.prefix
+    assert lookalike.prefix.rsplit("-", 1)[0] == TASK.prefix.rsplit("-", 1)[0]
+    assert lookalike.prefix != TASK.prefix
     second = local.submit(job("pass"), attempt=2, capacity="spot")
     first = local.submit(job("pass"), attempt=1)
     local.submit(job("pass"), task=lookalike)
