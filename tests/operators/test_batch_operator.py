@@ -124,7 +124,7 @@ def test_worker_crash_then_retry_reattaches_without_a_second_submit(harness: Har
             task_id="job",
             backend={batch.backend_source()},
             image="trainer:1",
-            command={harness.toy_command(str(out), 80, 0.15)},
+            command={harness.toy_command(str(out), 140, 0.15)},
             env={{"PID_DIR": {str(pid_dir)!r}}},
             checkpoint="file://{harness.tmp / "ckpt"}",
             poll_interval=0.3,
@@ -177,7 +177,8 @@ def test_worker_crash_before_the_record_was_saved_is_found_by_job_name(harness: 
     backend.submit(JobRequest(identity, command, {}, GpuResources(), "on-demand", image="trainer:1", resume_from=None))
     run = harness.run(dag, "batch_lookup")
     assert run.task()["state"] == "success", run.log[-4000:]
-    assert "Reattaching to batch job" in run.log
+    # found by name: still running (reattach) or, on a slow machine, already done (its result is taken)
+    assert "Reattaching to batch job" in run.log or "of an earlier try already succeeded" in run.log
     assert len(batch.bodies("SubmitJob")) == 1
     assert {b["filters"][0]["name"] for b in batch.bodies("ListJobs")} == {"JOB_NAME"}
 

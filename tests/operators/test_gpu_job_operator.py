@@ -148,7 +148,7 @@ def test_worker_sigkill_then_retry_reattaches_to_the_same_job(harness: Harness) 
         GpuJobOperator(
             task_id="job",
             backend=LocalBackend(state_dir={str(harness.state_dir)!r}),
-            command={harness.toy_command(str(out), 60, 0.15)},
+            command={harness.toy_command(str(out), 140, 0.15)},
             env={{"PID_DIR": {str(pid_dir)!r}}},
             checkpoint="file://{harness.tmp / "ckpt"}",
             poll_interval=0.3,
