@@ -21,7 +21,18 @@ MAX_POLL_ERRORS = 20
 #: outcomes of :meth:`AttemptWatch.read`: ``ENDED`` or the interruption kind ``CAPACITY_TIMEOUT``
 ENDED = "ended"
 
-__all__ = ["CAPACITY_TIMEOUT", "ENDED", "MAX_POLL_ERRORS", "AttemptWatch"]
+__all__ = ["CAPACITY_TIMEOUT", "ENDED", "MAX_POLL_ERRORS", "AttemptWatch", "declared_output"]
+
+
+def declared_output(lines: list[str]) -> str | None:
+    """The last output URI declared among log lines (``declare_output`` prints a marked line)."""
+    from gpu_provider.runtime.output import OUTPUT_LINE_PREFIX
+
+    found = None
+    for line in lines:
+        if OUTPUT_LINE_PREFIX in line:
+            found = line.rpartition(OUTPUT_LINE_PREFIX)[2].strip() or found
+    return found
 
 
 class AttemptWatch:
@@ -49,6 +60,8 @@ class AttemptWatch:
         self.stream_logs = stream_logs
         self.errors = 0
         self._log_pos = 0
+        #: the output URI the job declared in the log lines forwarded so far
+        self.output_uri: str | None = None
 
     def waited(self) -> float:
         """Seconds since the attempt was submitted."""
@@ -100,6 +113,7 @@ class AttemptWatch:
             return 0
         for line in lines:
             self.log.info("[job] %s", line)
+        self.output_uri = declared_output(lines) or self.output_uri
         return len(lines)
 
     def _settle_logs(self) -> None:

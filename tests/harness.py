@@ -131,7 +131,7 @@ def harness(airflow_home: Path, tmp_path: Path) -> Iterator[Harness]:
         backend.cancel(handle, "test teardown")
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -148,6 +148,7 @@ def pid_alive(pid: int) -> bool:
         return False
     # a zombie is dead for our purpose
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        # the state follows the command name in parentheses, which may itself hold spaces
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False

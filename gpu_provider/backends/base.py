@@ -299,6 +299,15 @@ class Backend(ABC):
         return f"{type(self).__name__}({opts})"
 
 
+def provider_config(key: str) -> str:
+    """``[gpu_provider] <key>`` from the Airflow config, stripped; ``""`` when unset or Airflow is absent."""
+    try:
+        from airflow.configuration import conf  # imported here: job-side code never needs Airflow
+    except ImportError:
+        return ""
+    return str(conf.get("gpu_provider", key, fallback="") or "").strip()
+
+
 # --- registry --------------------------------------------------------------------------------
 
 DEFAULT_BACKEND = "local"

@@ -52,6 +52,7 @@ from gpu_provider.backends.base import (
     TaskKey,
     _slug,
     map_state,
+    provider_config,
 )
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError
 from gpu_provider.job import GpuResources
@@ -113,21 +114,12 @@ _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
 _SHARE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 
 
-def _config(key: str) -> str:
-    """``[gpu_provider] <key>`` from the Airflow config, ``""`` when unset or Airflow is absent."""
-    try:
-        from airflow.configuration import conf
-    except ImportError:  # the runtime side never builds backends, but be safe
-        return ""
-    return str(conf.get("gpu_provider", key, fallback="") or "").strip()
-
-
 def _text_option(option: str, value: Any, *, config_key: str | None = None, default: str | None = None) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"{option}={value!r} ({type(value).__name__}) must be a string")
     text = (value or "").strip()
     if not text and config_key:
-        text = _config(config_key)
+        text = provider_config(config_key)
     return text or default
 
 

@@ -49,6 +49,7 @@ from gpu_provider.backends.base import (
     JobStatus,
     TaskKey,
     map_state,
+    provider_config,
 )
 from gpu_provider.exceptions import GpuJobError
 
@@ -102,15 +103,9 @@ def _reap_children() -> None:
 
 def default_state_dir() -> Path:
     """``[gpu_provider] local_state_dir`` from the Airflow config, else ``$AIRFLOW_HOME/gpu_provider/local``."""
-    configured = ""
-    try:
-        from airflow.configuration import conf  # imported here: only the worker needs Airflow
-
-        configured = str(conf.get("gpu_provider", "local_state_dir", fallback="") or "")
-    except ImportError:
-        pass
-    if configured.strip():
-        return Path(configured.strip()).expanduser().absolute()
+    configured = provider_config("local_state_dir")
+    if configured:
+        return Path(configured).expanduser().absolute()
     home = os.environ.get("AIRFLOW_HOME") or "~/airflow"
     return (Path(home).expanduser() / "gpu_provider" / "local").absolute()
 

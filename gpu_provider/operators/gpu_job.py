@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import BaseOperator
 
-from gpu_provider._watch import AttemptWatch
+from gpu_provider._watch import AttemptWatch, declared_output
 from gpu_provider.backends.base import (
     Backend,
     JobHandle,
@@ -264,6 +264,8 @@ class GpuJobOperator(BaseOperator):
         self._backend: Backend | None = None
         self._run_id: str | None = None
         self._log_link: str | None = None
+        #: output URIs declared in the logs this process has read, by job id
+        self._log_outputs: dict[str, str | None] = {}
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ parse & render checks
@@ -378,7 +380,7 @@ class GpuJobOperator(BaseOperator):
         status = JobStatus.from_dict(event["job_status"])
         self._publish_log_link(context, status.log_url)
         if not plan.backend.stream_logs_when_deferred:
-            self._copy_log(plan.backend, handle)
+            self._read_log(plan.backend, handle, copy=True)
         timed_out = event["status"] == "capacity_timeout"
         return self._attempt_ended(context, plan, records, handle, status, capacity_timeout=timed_out)
 
@@ -524,6 +526,7 @@ class GpuJobOperator(BaseOperator):
             self._publish_log_link(context, status.log_url)
             outcome = watch.read(status)
             if outcome is not None:
+                self._log_outputs[handle.job_id] = watch.output_uri
                 return status, outcome == CAPACITY_TIMEOUT
             self._stop.wait(plan.poll_interval)
 
@@ -551,7 +554,12 @@ class GpuJobOperator(BaseOperator):
         elif status.state is JobState.PREEMPTED:
             record["interruption"] = PREEMPTED
         if status.state is JobState.SUCCEEDED and not status.output_uri:
-            status = dataclasses.replace(status, output_uri=self._output_from_log(plan.backend, handle))
+            # the log was read already when this process watched or copied it; else read it now
+            if handle.job_id in self._log_outputs:
+                output = self._log_outputs[handle.job_id]
+            else:
+                output = self._read_log(plan.backend, handle, copy=False)
+            status = dataclasses.replace(status, output_uri=output)
         self._update_record(record, status)
         self._persist(context, records)
         where = (
@@ -685,38 +693,30 @@ class GpuJobOperator(BaseOperator):
 
         return latest_checkpoint(uri, s3_client=s3_client_for(uri, getattr(backend, "aws_conn_id", None)))
 
-    def _copy_log(self, backend: Backend, handle: JobHandle) -> None:
-        """Copy an attempt's whole log into the task log (when the trigger did not stream it)."""
-        position = 0
-        deadline = time.monotonic() + backend.log_settle_s
+    def _read_log(self, backend: Backend, handle: JobHandle, *, copy: bool) -> str | None:
+        """Read an attempt's whole log once: copy it into the task log if asked, and return the
+        output URI the job declared there (``declare_output`` prints it where no file is shared).
+
+        When copying, an empty log is read again for up to ``backend.log_settle_s``: the log
+        service may not have the lines yet.
+        """
+        found, position = None, 0
+        deadline = time.monotonic() + (backend.log_settle_s if copy else 0.0)
         try:
             while True:
                 lines, position = backend.logs(handle, position)
                 for line in lines:
-                    self.log.info("[job] %s", line)
+                    if copy:
+                        self.log.info("[job] %s", line)
+                found = declared_output(lines) or found
                 if not lines and (position > 0 or time.monotonic() >= deadline):
                     break
                 if not lines:
-                    time.sleep(1.0)  # the log service may not have the lines yet
+                    time.sleep(1.0)
         except Exception as err:  # the log is a convenience; it never fails the task
             self.log.warning("Could not read the log of %s job %s: %s", backend.name, handle.job_id, err)
-
-    def _output_from_log(self, backend: Backend, handle: JobHandle) -> str | None:
-        """The output URI a job declared in its log (``declare_output`` prints it where no file is shared)."""
-        from gpu_provider.runtime.output import OUTPUT_LINE_PREFIX
-
-        found, position = None, 0
-        try:
-            while True:
-                lines, position = backend.logs(handle, position)
-                for line in lines:
-                    if OUTPUT_LINE_PREFIX in line:
-                        found = line.rpartition(OUTPUT_LINE_PREFIX)[2].strip() or found
-                if not lines:
-                    return found
-        except Exception as err:  # the output URI is a convenience for the next stage
-            self.log.warning("Could not read the declared output of job %s from its log: %s", handle.job_id, err)
-            return found
+        self._log_outputs[handle.job_id] = found
+        return found
 
     def _task_label(self) -> str:
         run = f" of run {self._run_id}" if self._run_id else ""

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from emulators.aws_batch import BatchEmulator, BatchSetup
+from tests.harness import pid_alive, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 # retries.max_attempts counts retries in botocore (1 = one retry); total_max_attempts=1 is "no retries"
@@ -58,29 +58,6 @@ deadline = time.monotonic() + 20
 while time.monotonic() < deadline and not all((here / i).exists() for i in ("1", "2")):
     time.sleep(0.02)
 """
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie (exited, not reaped by its parent yet) is gone for our purposes
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
