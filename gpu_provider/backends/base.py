@@ -14,10 +14,12 @@ import importlib
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any, ClassVar
 
+from gpu_provider import names
+from gpu_provider.exceptions import GpuJobStatusError
 from gpu_provider.job import CAPACITY_TYPES, GpuResources
 
 
@@ -108,16 +110,18 @@ class JobIdentity:
     def tags(self) -> dict[str, str]:
         """Tags/labels for cost attribution, the reaper and lookup."""
         tags = {
-            "gpu-provider/dag-id": self.task.dag_id,
-            "gpu-provider/task-id": self.task.task_id,
-            "gpu-provider/run-hash": self.task.run_hash,
-            "gpu-provider/map-index": str(self.task.map_index),
-            "gpu-provider/try-number": str(self.try_number),
-            "gpu-provider/attempt": str(self.attempt),
-            "gpu-provider/capacity": self.capacity,
+            names.TAG_DAG_ID: self.task.dag_id,
+            names.TAG_TASK_ID: self.task.task_id,
+            names.TAG_RUN_ID: self.task.run_id,
+            names.TAG_RUN_HASH: self.task.run_hash,
+            names.TAG_MAP_INDEX: str(self.task.map_index),
+            names.TAG_TRY_NUMBER: str(self.try_number),
+            names.TAG_OWNER_TRY: str(self.try_number),
+            names.TAG_ATTEMPT: str(self.attempt),
+            names.TAG_CAPACITY: self.capacity,
         }
         if self.team:
-            tags["gpu-provider/team"] = self.team
+            tags[names.TAG_TEAM] = self.team
         return tags
 
 
@@ -138,6 +142,9 @@ class JobRequest:
     resume_from: str | None = None
     priority: int | None = None
     """The task's ``priority=`` (backends with service-side priorities use it, e.g. Batch fair share)."""
+    capacity_wait_s: float | None = None
+    """How long this attempt may wait for capacity (the policy's spot wait), for services that enforce
+    it themselves (SageMaker ``MaxWaitTimeInSeconds``); the watch enforces it on every backend too."""
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITY_TYPES:
@@ -176,22 +183,50 @@ class JobHandle:
         )
 
 
+def _known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of ``data`` that ``cls`` has: a record written by a newer version still loads."""
+    known = {f.name for f in fields(cls)}
+    return {k: v for k, v in data.items() if k in known}
+
+
 @dataclass(frozen=True)
 class JobStatus:
     """What a backend reports about one attempt at one moment."""
 
     state: JobState
     reason: str = ""
-    """Why it is in this state, in the service's words where it gave some (spot reclaim, exit code...)."""
+    """Why it is in this state, in the service's words where it gave some (spot reclaim, exit code,
+    a queue's status reason such as ``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY``...)."""
     exit_code: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
     gpu_seconds: float = 0.0
-    """GPU-seconds consumed so far (GPUs held x wall time running)."""
+    """GPU-seconds consumed so far (GPUs held x wall time running), over every run inside the attempt."""
     output_uri: str | None = None
     """Set when the job declared an output (see ``gpu_provider.runtime.declare_output``)."""
     log_url: str | None = None
     """Where a person can read this attempt's log, once the backend knows (e.g. its CloudWatch stream)."""
+    interruption: str | None = None
+    """For an attempt that ended without the job's own fault: one of :data:`gpu_provider.names.INTERRUPTION_KINDS`.
+    ``PREEMPTED`` states imply ``preempted``; a backend sets ``capacity_timeout`` when the service (or
+    an earlier cancel by this provider, marked on the job) gave up waiting for capacity, and ``lost``
+    when the service no longer knows the job."""
+    restarts: int = 0
+    """Interruptions the service absorbed inside this attempt by restarting the job itself (SageMaker
+    managed spot, Kubernetes Job retries); each restart resumes from the newest checkpoint."""
+    queued_since: float | None = None
+    """Unix time the attempt last began waiting for capacity (after a restart inside the job too);
+    the spot wait counts from here. ``None``: from submission."""
+    billable_seconds: float | None = None
+    """What the service bills for, where it reports it (SageMaker ``BillableTimeInSeconds``)."""
+    instance_type: str | None = None
+    """The instance type the attempt actually ran on, where known."""
+    capacity: str | None = None
+    """The capacity type the attempt actually ran on, where the service reports it."""
+    owner_try: int | None = None
+    """The Airflow try that owns this attempt, as marked on the job (:meth:`Backend.mark`)."""
+    collected: bool = False
+    """Whether a try already collected this attempt's outcome, as marked on the job."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -200,9 +235,61 @@ class JobStatus:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobStatus:
-        kwargs = dict(data)
+        """Tolerant: fields a newer version added are ignored, missing ones take their defaults."""
+        kwargs = _known_fields(cls, data)
         kwargs["state"] = JobState(kwargs["state"])
         return cls(**kwargs)
+
+
+PollResult = dict[str, "JobStatus | GpuJobStatusError"]
+"""What :meth:`Backend.poll` returns: for every handle's ``job_id``, its status or why that one job's
+status could not be read."""
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Log lines of an attempt read from a cursor, and the cursor to read on from."""
+
+    lines: list[str]
+    cursor: str | None
+    """Opaque to everyone but the backend (several streams: Batch nodes, SageMaker hosts, indexed
+    pods); pass it back unchanged. ``None`` reads from the start."""
+    more: bool = False
+    """The read stopped at its size limit and more lines are there now: read again to drain."""
+
+
+#: the most bytes of log lines one :meth:`Backend.logs` call returns (about; one long line may pass it)
+LOG_READ_BYTES = 1 << 20
+#: lines longer than this are cut, with a note of how much was cut (bounded memory in every reader)
+MAX_LOG_LINE_CHARS = 16 * 1024
+
+
+def clip_line(line: str, limit: int = MAX_LOG_LINE_CHARS) -> str:
+    """A log line cut to ``limit`` characters, saying how much was cut."""
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]} ... [line cut: {len(line) - limit} more characters]"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can run, declared once: :meth:`Backend.validate`, the README and the example
+    DAG read it instead of each backend repeating the same checks."""
+
+    multi_node: bool = True
+    multi_node_spot: bool = True
+    fractional_gpus: bool = True
+    instance_types: bool = True
+    image_required: bool = False
+    restarts_inside_job: bool = False
+    """The service restarts an interrupted job itself, inside the same attempt."""
+    unique_names: bool = False
+    """The service refuses a second job with the same name, so :meth:`Backend.submit` adopts the
+    existing one; ``False``: names may repeat, and ``submit`` looks the name up before creating."""
+    priority_range: tuple[int, int] | None = None
+    """Service-side priorities the backend passes on, inclusive; ``None``: none."""
+    min_runtime_s: float | None = None
+    """The shortest ``max_runtime`` the service accepts."""
 
 
 class Backend(ABC):
@@ -214,6 +301,10 @@ class Backend(ABC):
 
     #: the registered name, e.g. ``"local"``
     name: ClassVar[str]
+    #: what this backend can run; :meth:`validate` refuses the rest with one message per capability
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    #: the service's name in messages, e.g. ``"AWS Batch"``
+    service: ClassVar[str] = ""
     #: seconds between status checks unless the task or ``[gpu_provider] poll_interval`` says otherwise
     default_poll_interval: ClassVar[float] = 30.0
     #: whether a deferred task's trigger copies the job's log into the task log on every tick; a
@@ -233,7 +324,7 @@ class Backend(ABC):
         """Build a backend from options (strings from templates are accepted and converted)."""
         return cls(**options)
 
-    def validate(  # noqa: B027
+    def validate(
         self,
         resources: GpuResources,
         capacity: str,
@@ -244,37 +335,99 @@ class Backend(ABC):
     ) -> None:
         """Refuse at parse time what this backend can never run (raise ``ValueError``).
 
+        The checks every backend shares are made here from :attr:`capabilities`; a backend adds its
+        own after calling ``super().validate(...)``.
+
         :param capacity: the first attempt's capacity
         :param multi_capacity: whether later attempts may use the other capacity type
         :param priority: the task's ``priority=``, if given
         :param max_runtime_s: the longest an attempt may run, if limited
         """
+        caps, where = self.capabilities, self.service or f"the {self.name} backend"
+        if resources.nodes > 1 and not caps.multi_node:
+            raise ValueError(f"resources.nodes={resources.nodes}: {where} runs single-node jobs only; use nodes=1")
+        if resources.nodes > 1 and not caps.multi_node_spot and (capacity == names.SPOT or multi_capacity):
+            raise ValueError(
+                f"resources.nodes={resources.nodes} with spot capacity: {where} cannot run multi-node jobs on "
+                "spot; use capacity='on_demand' for this job, or a backend that runs distributed training on spot"
+            )
+        if resources.fractional and not caps.fractional_gpus:
+            raise ValueError(
+                f"resources.gpus={resources.gpus!r}: {where} allocates whole GPUs only; use gpus=1 or more"
+            )
+        if resources.instance_types and not caps.instance_types:
+            raise ValueError(
+                f"resources.instance_types={list(resources.instance_types)!r}: {where} does not pick instance "
+                "types per job (its compute environment or node pool decides); leave instance_types empty"
+            )
+        if priority is not None and caps.priority_range is not None:
+            low, high = caps.priority_range
+            if not low <= priority <= high:
+                raise ValueError(f"priority={priority!r}: {where} accepts priorities from {low} to {high}")
+        if max_runtime_s is not None and caps.min_runtime_s is not None and max_runtime_s < caps.min_runtime_s:
+            raise ValueError(
+                f"max_runtime={max_runtime_s:g}s (or execution_timeout): {where} accepts limits of "
+                f"{caps.min_runtime_s:g}s or more"
+            )
 
-    def validate_image(self, image: str | None) -> None:  # noqa: B027
+    def validate_image(self, image: str | None) -> None:
         """Refuse an image (or its absence) this backend cannot run; called once the image is known."""
+        if self.capabilities.image_required and not image:
+            raise ValueError(
+                f"image=None: {self.service or self.name} runs containers; set image= to the job's container image"
+            )
 
     @abstractmethod
     def submit(self, request: JobRequest) -> JobHandle:
-        """Start one attempt and return its handle. Must not block until the job runs."""
+        """Create the attempt, or adopt it if it exists already, and return its handle.
+
+        Must not block until the job runs. Idempotent per ``request.identity.name``: a service that
+        refuses duplicate names (``capabilities.unique_names``) answers with the existing job, which
+        the backend returns; on a service that allows them, the backend looks the name up first
+        (and again before re-sending a submit whose answer was lost), so a retried call never
+        starts a second job of one attempt.
+        """
 
     @abstractmethod
-    def poll(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+    def poll(self, handles: Sequence[JobHandle]) -> PollResult:
         """Report the status of many attempts in as few service calls as the service allows.
 
-        :return: status by ``job_id``, one entry for every handle given
+        :return: for *every* handle's ``job_id``: its :class:`JobStatus`, or a
+            :class:`~gpu_provider.exceptions.GpuJobStatusError` when that one job's answer could not
+            be understood. A job the service no longer knows is a terminal status with
+            ``interruption="lost"``, never a missing entry. Only a failure of the whole call (the
+            service unreachable, throttled) raises.
         """
 
     @abstractmethod
     def cancel(self, handle: JobHandle, reason: str) -> None:
-        """Stop an attempt (no error if it already ended). ``reason`` is recorded where the service allows."""
+        """Stop an attempt (no error if it already ended). ``reason`` is recorded where the service allows.
+
+        Called from ``on_kill``, i.e. from a signal handler on the task's main thread: it must not
+        wait for a lock that the interrupted code may hold.
+        """
 
     @abstractmethod
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt this backend knows for a task instance, oldest first (used to reattach)."""
 
     @abstractmethod
-    def logs(self, handle: JobHandle, since: int = 0) -> tuple[list[str], int]:
-        """Log lines of an attempt from position ``since``; returns the lines and the next position."""
+    def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = LOG_READ_BYTES) -> LogChunk:
+        """Log lines of an attempt after ``cursor``, at most about ``max_bytes`` of them per call.
+
+        Lines come without their newline, each cut to :data:`MAX_LOG_LINE_CHARS` (:func:`clip_line`);
+        ``LogChunk.more`` says the read stopped at the limit. Memory stays bounded whatever the job writes.
+        """
+
+    def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:  # noqa: B027
+        """Record on the job itself which Airflow try owns it, or that its outcome was collected.
+
+        Reported back in :attr:`JobStatus.owner_try` and :attr:`JobStatus.collected`. The task
+        state store keeps the same facts; marking the job too lets a zombie try (one Airflow
+        replaced) see that it lost the job before cancelling it, and lets a lookup after a lost
+        store tell a collected result from one nobody saw. A backend whose service cannot tag
+        jobs leaves this a no-op.
+        """
 
     def console_url(self, handle: JobHandle) -> str | None:
         """Where a person can look at the job (a console link), if anywhere."""
@@ -350,6 +503,14 @@ def backend_class(name: str) -> type[Backend]:
     return cls
 
 
+def backend_options(cls: type[Backend]) -> list[str]:
+    """The option names a backend class takes (its keyword-only constructor parameters)."""
+    import inspect
+
+    params = inspect.signature(cls.__init__).parameters.values()
+    return [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
 def check_backend_name(name: str) -> None:
     """Fail with the list of valid names, without importing the backend (parse-time check)."""
     if name not in _REGISTRY:
@@ -374,12 +535,22 @@ def resolve_backend(value: Backend | str | Mapping[str, Any] | None) -> Backend:
         options = {k: v for k, v in value.items() if v is not None and not (isinstance(v, str) and not v.strip())}
         name = options.pop("name", None)
         if not isinstance(name, str) or not name:
-            raise ValueError(f"backend={dict(value)!r}: a backend mapping needs a 'name' key naming the backend")
+            raise ValueError(
+                f"backend mapping with keys {sorted(map(str, value))}: it needs a 'name' key naming the backend "
+                f"({', '.join(registered_backends())})"
+            )
         cls = backend_class(name.strip())
+        unknown = sorted(set(options) - set(backend_options(cls)))
+        if unknown:
+            # option values may be secrets: name the keys only
+            raise ValueError(
+                f"backend={name!r}: unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"the {name} backend takes: {', '.join(backend_options(cls))}"
+            )
         try:
             return cls.from_options(**options)
         except TypeError as err:
-            raise ValueError(f"backend={dict(value)!r}: bad options for the {name!r} backend: {err}") from err
+            raise ValueError(f"backend={name!r}: bad options for the {name!r} backend: {err}") from err
     raise TypeError(
         f"backend={value!r} ({type(value).__name__}) must be a Backend object, a backend name "
         f"({', '.join(registered_backends())}) or a mapping with a 'name' key"

@@ -1,0 +1,78 @@
+"""Names shared by the operator, the trigger, the backends and the job: defined once, here.
+
+Environment variables of the job contract, capacity spellings, tag/label keys, event statuses and
+interruption kinds. Backends, the runtime helper and tests import these instead of writing the
+literals again.
+"""
+
+from __future__ import annotations
+
+# --- capacity types an attempt can run on ------------------------------------------------------
+SPOT = "spot"
+ON_DEMAND = "on-demand"
+CAPACITY_TYPES = (SPOT, ON_DEMAND)
+
+# --- the job's environment contract ------------------------------------------------------------
+ENV_CHECKPOINT_URI = "GPU_PROVIDER_CHECKPOINT_URI"
+ENV_CHECKPOINT_KEEP = "GPU_PROVIDER_CHECKPOINT_KEEP"
+ENV_RESUME_FROM = "GPU_PROVIDER_RESUME_FROM"
+ENV_ATTEMPT = "GPU_PROVIDER_ATTEMPT"
+ENV_CAPACITY = "GPU_PROVIDER_CAPACITY"
+ENV_OUTPUT_FILE = "GPU_PROVIDER_OUTPUT_FILE"
+ENV_PREFIX = "GPU_PROVIDER_"
+#: rendezvous variables, normalised on every backend
+RENDEZVOUS_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+# --- interruption kinds: an attempt that ended without the job's own fault ----------------------
+PREEMPTED = "preempted"
+"""The capacity was taken back (spot reclaim, host lost)."""
+CAPACITY_TIMEOUT = "capacity_timeout"
+"""The attempt waited for capacity longer than its policy allows (given up by us or by the service)."""
+LOST = "lost"
+"""The service no longer knows the job (expired or deleted): nobody can tell how it ended."""
+INTERRUPTION_KINDS = (PREEMPTED, CAPACITY_TIMEOUT, LOST)
+
+# --- trigger events: one per way an attempt's wait can end --------------------------------------
+EVENT_SUCCEEDED = "succeeded"
+EVENT_FAILED = "failed"
+EVENT_PREEMPTED = "preempted"
+EVENT_CANCELLED = "cancelled"
+EVENT_CAPACITY_TIMEOUT = "capacity_timeout"
+EVENT_QUEUE_TIMEOUT = "queue_timeout"
+EVENT_DEADLINE = "deadline"
+EVENT_POLL_ERROR = "poll_error"
+EVENT_STATUSES = frozenset(
+    {
+        EVENT_SUCCEEDED,
+        EVENT_FAILED,
+        EVENT_PREEMPTED,
+        EVENT_CANCELLED,
+        EVENT_CAPACITY_TIMEOUT,
+        EVENT_QUEUE_TIMEOUT,
+        EVENT_DEADLINE,
+        EVENT_POLL_ERROR,
+    }
+)
+
+# --- tags / labels on every remote job (cost attribution, the reaper, lookup) -------------------
+TAG_PREFIX = "gpu-provider/"
+TAG_DAG_ID = TAG_PREFIX + "dag-id"
+TAG_TASK_ID = TAG_PREFIX + "task-id"
+TAG_RUN_ID = TAG_PREFIX + "run-id"
+TAG_RUN_HASH = TAG_PREFIX + "run-hash"
+TAG_MAP_INDEX = TAG_PREFIX + "map-index"
+TAG_TRY_NUMBER = TAG_PREFIX + "try-number"
+TAG_ATTEMPT = TAG_PREFIX + "attempt"
+TAG_CAPACITY = TAG_PREFIX + "capacity"
+TAG_TEAM = TAG_PREFIX + "team"
+TAG_GPUS = TAG_PREFIX + "gpus"
+TAG_OWNER_TRY = TAG_PREFIX + "owner-try"
+"""The Airflow try that owns the attempt now (a later try that reattached takes it over)."""
+TAG_COLLECTED = TAG_PREFIX + "collected"
+"""Set once a try returned or failed on the attempt's result: a new try does not adopt it again."""
+
+# --- reasons this provider writes on jobs it stops, so a lookup can classify them ---------------
+CANCEL_PREFIX = "gpu-provider: "
+"""Every cancel reason this provider sends starts with this."""
+CAPACITY_TIMEOUT_MARK = "capacity timeout: "
+"""After :data:`CANCEL_PREFIX`: the cancel gave up waiting for capacity (an interruption, not a kill)."""
