@@ -305,6 +305,9 @@ class Backend(ABC):
     capabilities: ClassVar[Capabilities] = Capabilities()
     #: the service's name in messages, e.g. ``"AWS Batch"``
     service: ClassVar[str] = ""
+    #: options that choose an executable or a place on disk: the operator refuses them as templates
+    #: (a template can take its value from the trigger form, which is untrusted input)
+    fixed_options: ClassVar[frozenset[str]] = frozenset()
     #: seconds between status checks unless the task or ``[gpu_provider] poll_interval`` says otherwise
     default_poll_interval: ClassVar[float] = 30.0
     #: whether a deferred task's trigger copies the job's log into the task log on every tick; a
