@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from gpu_provider.job import to_seconds
+from gpu_provider.job import safe_repr, to_seconds
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
@@ -26,6 +26,22 @@ CAPACITY_TIMEOUT = "capacity_timeout"
 
 _DEFAULT_MAX_INTERRUPTIONS = 3
 _DEFAULT_SPOT_WAIT_S = 30 * 60.0
+
+#: most interruptions one task instance may absorb (each one is a new attempt); also the cap of ``after_preemptions``
+MAX_INTERRUPTIONS = 100
+#: longest backoff base, in seconds; the delay itself never exceeds it either
+MAX_BACKOFF_S = 300.0
+
+
+def _count(field_name: str, value: Any) -> int:
+    """An integer ``0 <= value <= MAX_INTERRUPTIONS``, or an error naming the field and the range."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(
+            f"{field_name}={value!r} ({type(value).__name__}) must be an integer from 0 to {MAX_INTERRUPTIONS}"
+        )
+    if not 0 <= value <= MAX_INTERRUPTIONS:
+        raise ValueError(f"{field_name}={safe_repr(value)} must be an integer from 0 to {MAX_INTERRUPTIONS}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -42,17 +58,16 @@ class CapacityPolicy(ABC):
 
     :param max_interruptions: how many interruptions (preemptions plus spot wait timeouts) one
         task instance absorbs across all its tries before it fails; separate from ``retries``.
-    :param backoff: base delay before resubmitting after an interruption; grows x2 per
-        interruption, capped at 5 minutes, with full jitter.
+        0 to :data:`MAX_INTERRUPTIONS`.
+    :param backoff: base delay before resubmitting after an interruption (a timedelta or seconds,
+        0 to :data:`MAX_BACKOFF_S`); grows x2 per interruption, capped at 5 minutes, with full jitter.
     """
 
     name = "policy"
 
     def __init__(self, *, max_interruptions: int = _DEFAULT_MAX_INTERRUPTIONS, backoff: Any = 2.0) -> None:
-        if not isinstance(max_interruptions, int) or isinstance(max_interruptions, bool) or max_interruptions < 0:
-            raise ValueError(f"capacity.max_interruptions={max_interruptions!r} must be an integer >= 0")
-        self.max_interruptions = max_interruptions
-        self.backoff_s = to_seconds("capacity.backoff", backoff, allow_none=False) or 0.0
+        self.max_interruptions = _count("capacity.max_interruptions", max_interruptions)
+        self.backoff_s = to_seconds("capacity.backoff", backoff, allow_none=False, maximum=MAX_BACKOFF_S) or 0.0
 
     # --- what subclasses decide ---
     @abstractmethod
@@ -81,7 +96,8 @@ class CapacityPolicy(ABC):
         """Full-jitter exponential backoff before the next submission."""
         if self.backoff_s <= 0 or interruptions <= 0:
             return 0.0
-        cap = min(300.0, self.backoff_s * 2 ** (interruptions - 1))
+        # the exponent is bounded so a long history cannot overflow the float
+        cap = min(MAX_BACKOFF_S, self.backoff_s * 2.0 ** min(interruptions - 1, 32))
         return (rng or random).uniform(0, cap)
 
     def describe(self) -> str:
@@ -114,7 +130,7 @@ class Spot(CapacityPolicy):
     """Every attempt on spot capacity; each reclaim resumes from the latest checkpoint, on spot again.
 
     :param spot_wait_timeout: give up an attempt still waiting for spot capacity after this long
-        (a timedelta or seconds) and submit the next one, on spot again; ``None`` waits forever.
+        (a timedelta or seconds, at most 366 days) and submit the next one, on spot again; ``None`` waits forever.
     """
 
     name = "spot"
@@ -154,9 +170,7 @@ class SpotFallback(CapacityPolicy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if not isinstance(after_preemptions, int) or isinstance(after_preemptions, bool) or after_preemptions < 0:
-            raise ValueError(f"capacity.after_preemptions={after_preemptions!r} must be an integer >= 0")
-        self.after_preemptions = after_preemptions
+        self.after_preemptions = _count("capacity.after_preemptions", after_preemptions)
         self._spot_wait_s = to_seconds("capacity.spot_wait_timeout", spot_wait_timeout)
 
     @property

@@ -10,6 +10,7 @@ import pytest
 
 from gpu_provider import Checkpoint, GpuResources, OnDemand, Spot, SpotFallback
 from gpu_provider.backends.base import resolve_backend
+from gpu_provider.job import to_bool, to_seconds, validate_checkpoint_uri
 from gpu_provider.operators import GpuJobOperator
 from gpu_provider.recovery import resolve_capacity
 
@@ -83,6 +84,11 @@ BAD_INPUTS: list[tuple[str, Any, type[Exception], str]] = [
     ("operator max_runtime zero", lambda: op(max_runtime=0), ValueError, "max_runtime=0"),
     ("operator max_runtime text", lambda: op(max_runtime="an hour"), ValueError, "max_runtime='an hour'"),
     ("operator poll_interval zero", lambda: op(poll_interval=0), ValueError, "poll_interval=0"),
+    ("memory bare number string", lambda: GpuResources(memory="32768"), ValueError, "resources.memory='32768'"),
+    ("checkpoint query", lambda: Checkpoint(uri="s3://b/p?x=1"), ValueError, "checkpoint.uri"),
+    ("checkpoint fragment", lambda: Checkpoint(uri="file:///tmp/c#a"), ValueError, "checkpoint.uri"),
+    ("operator checkpoint query", lambda: op(checkpoint="s3://b/p?x=1"), ValueError, "checkpoint.uri"),
+    ("templated checkpoint query", lambda: Checkpoint(uri="s3://b/{{ run_id }}?x=1"), ValueError, "checkpoint.uri"),
     (
         "local backend negative simulated preemption",
         lambda: resolve_backend({"name": "local", "simulate_preemptions": "-3"}),
@@ -143,9 +149,120 @@ def test_templated_values_are_checked_after_rendering_not_at_parse_time() -> Non
     )
     assert task.backend == "{{ params.backend }}"
     with pytest.raises(ValueError, match=r"checkpoint\.uri='ftp://x'"):
-        from gpu_provider.job import validate_checkpoint_uri
-
         validate_checkpoint_uri("ftp://x")
+
+
+INF = float("inf")
+HUGE = 10**400
+
+# (description, callable, field the message must name, the allowed range it must state)
+OUT_OF_RANGE: list[tuple[str, Any, str, str]] = [
+    ("gpus huge int", lambda: GpuResources(gpus=HUGE), "resources.gpus=", "from 1 to 64"),
+    ("gpus beyond a node", lambda: GpuResources(gpus=65), "resources.gpus=65", "from 1 to 64"),
+    ("gpus infinite", lambda: GpuResources(gpus=INF), "resources.gpus=inf", "from 1 to 64"),
+    ("gpus tiny", lambda: GpuResources(gpus=1e-12), "resources.gpus=1e-12", "from 0.01 to 1"),
+    ("nodes huge", lambda: GpuResources(nodes=HUGE), "resources.nodes=", "from 1 to 1000"),
+    ("nodes beyond the cap", lambda: GpuResources(nodes=1001), "resources.nodes=1001", "from 1 to 1000"),
+    ("cpu infinite", lambda: GpuResources(cpu=INF), "resources.cpu=inf", "from 0.1 to 1024"),
+    ("cpu huge int", lambda: GpuResources(cpu=HUGE), "resources.cpu=", "from 0.1 to 1024"),
+    ("cpu tiny", lambda: GpuResources(cpu=1e-9), "resources.cpu=1e-09", "from 0.1 to 1024"),
+    ("memory infinite", lambda: GpuResources(memory=INF), "resources.memory=inf", "between 128 MiB and 64 TiB"),
+    ("memory huge int", lambda: GpuResources(memory=HUGE), "resources.memory=", "between 128 MiB and 64 TiB"),
+    ("memory huge string", lambda: GpuResources(memory="9" * 400 + "Ti"), "resources.memory=", "64 TiB"),
+    ("memory tiny", lambda: GpuResources(memory="1Ki"), "resources.memory='1Ki'", "between 128 MiB"),
+    ("memory above 64 TiB", lambda: GpuResources(memory="65Ti"), "resources.memory='65Ti'", "64 TiB"),
+    ("checkpoint keep huge", lambda: Checkpoint(uri="file:///c", keep=HUGE), "checkpoint.keep=", "from 1 to 1000"),
+    ("poll_interval 1e308", lambda: op(poll_interval=1e308), "poll_interval=1e+308", "0 to 3.16224e+07"),
+    ("max_runtime timedelta.max", lambda: op(max_runtime=timedelta.max), "max_runtime=", "366 days"),
+    ("max_runtime huge int", lambda: op(max_runtime=HUGE), "max_runtime=", "366 days"),
+    ("grace_period 1e308", lambda: to_seconds("grace_period", 1e308), "grace_period=1e+308", "366 days"),
+    ("duration string 1e400", lambda: to_seconds("grace_period", "1e400"), "grace_period='1e400'", "366 days"),
+    ("spot wait huge", lambda: Spot(spot_wait_timeout=10**400), "capacity.spot_wait_timeout=", "366 days"),
+    ("spot wait max", lambda: SpotFallback(spot_wait_timeout=timedelta.max), "capacity.spot_wait_timeout=", "366"),
+    ("backoff infinite", lambda: OnDemand(backoff=INF), "capacity.backoff=inf", "0 to 300"),
+    ("backoff 1e308", lambda: OnDemand(backoff=1e308), "capacity.backoff=1e+308", "0 to 300"),
+    ("max_interruptions huge", lambda: Spot(max_interruptions=HUGE), "capacity.max_interruptions=", "0 to 100"),
+    ("after_preemptions huge", lambda: SpotFallback(after_preemptions=HUGE), "capacity.after_preemptions=", "0 to 100"),
+]
+
+
+@pytest.mark.parametrize(("case", "build", "field", "allowed"), OUT_OF_RANGE, ids=[c[0] for c in OUT_OF_RANGE])
+def test_absurd_numbers_are_refused_naming_field_and_range(case: str, build: Any, field: str, allowed: str) -> None:
+    with pytest.raises(ValueError) as info:
+        build()
+    message = str(info.value)
+    assert field in message, f"{case}: {message!r} does not name {field!r}"
+    assert allowed in message, f"{case}: {message!r} does not state the allowed range {allowed!r}"
+    assert len(message) < 400  # a huge value is summarised, not printed in full
+
+
+def test_bounds_themselves_are_accepted() -> None:
+    assert GpuResources(gpus=64, nodes=1000, cpu=1024, memory="64Ti").memory_mib == 64 * 1024 * 1024
+    assert GpuResources(gpus=0.01, cpu=0.1, memory=128).memory_mib == 128
+    assert to_seconds("max_runtime", timedelta(days=366)) == 366 * 86400
+    assert to_seconds("poll_interval", "2.5") == 2.5
+    assert to_seconds("x", 5000, maximum=10**4) == 5000.0
+    with pytest.raises(ValueError, match=r"x=10001 is out of range: use a timedelta or seconds, 0 to 10000"):
+        to_seconds("x", 10001, maximum=10**4)
+    assert OnDemand(backoff=300).backoff_s == 300.0
+    assert Spot(max_interruptions=100).max_interruptions == 100
+    assert Spot(max_interruptions=100).backoff_delay(100) <= 300.0
+
+
+def test_memory_string_without_unit_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError) as info:
+        GpuResources(memory="32768")
+    assert "'32768Mi'" in str(info.value)
+    assert "32Gi" in str(info.value)
+    assert "means MiB" in str(info.value)
+    # a number and a string with a unit mean the same thing
+    assert GpuResources(memory=32768).memory_mib == GpuResources(memory="32768Mi").memory_mib == 32768
+
+
+def test_checkpoint_query_is_not_echoed() -> None:
+    with pytest.raises(ValueError) as info:
+        validate_checkpoint_uri("s3://bucket/run?X-Amz-Signature=abc123secret")
+    assert "s3://bucket/run" in str(info.value)
+    assert "abc123secret" not in str(info.value)
+    assert Checkpoint(uri="s3://b/{{ run_id }}/x").uri == "s3://b/{{ run_id }}/x"
+    assert Checkpoint(uri="s3://b/{# note #}{{ run_id }}").uri.endswith("}}")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True),
+        (False, False),
+        ("true", True),
+        ("False", False),
+        (" TRUE ", True),
+        ("1", True),
+        ("0", False),
+        (1, True),
+        (0, False),
+    ],
+)
+def test_to_bool_accepts(value: Any, expected: bool) -> None:
+    assert to_bool("deferrable", value) is expected
+
+
+@pytest.mark.parametrize(
+    ("value", "exc"),
+    [
+        ("no", ValueError),
+        ("yes", ValueError),
+        ("", ValueError),
+        (2, ValueError),
+        (None, TypeError),
+        (1.0, TypeError),
+        ([], TypeError),
+    ],
+)
+def test_to_bool_refuses(value: Any, exc: type[Exception]) -> None:
+    with pytest.raises(exc) as info:
+        to_bool("deferrable", value)
+    assert str(info.value).startswith(f"deferrable={value!r}")
+    assert "'true', 'false'" in str(info.value)
 
 
 def test_capacity_strings_and_defaults() -> None:
