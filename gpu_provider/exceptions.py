@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+try:  # a deliberate stop must not be retried: Airflow's exception for that, where Airflow is installed
+    from airflow.sdk.exceptions import AirflowFailException as _NotRetried
+except ImportError:  # pragma: no cover - job-side code without Airflow
+    _NotRetried = Exception  # type: ignore[misc,assignment]
+
 
 class GpuJobError(Exception):
     """Base class of this provider's runtime errors."""
@@ -11,12 +16,9 @@ class GpuJobFailedError(GpuJobError):
     """The job itself failed (its own error): Airflow's retries apply, resuming from the checkpoint."""
 
 
-class GpuJobStoppedError(GpuJobError):
-    """A deliberate stop: Airflow does not retry it, whatever ``retries`` says.
-
-    The operator raises it as (a subclass of) Airflow's ``AirflowFailException`` too, see
-    :func:`as_final`; this class stays importable without Airflow (the job side never needs it).
-    """
+class GpuJobStoppedError(GpuJobError, _NotRetried):
+    """A deliberate stop: Airflow does not retry it, whatever ``retries`` says (it is an
+    ``AirflowFailException``). Clearing the task runs the job again."""
 
 
 class GpuJobInterruptionBudgetError(GpuJobStoppedError):
@@ -27,8 +29,9 @@ class GpuJobCancelledError(GpuJobStoppedError):
     """The job was cancelled on purpose: by a person, the reaper, another try that took it over, or a kill."""
 
 
-class GpuJobDeadlineError(GpuJobStoppedError):
-    """The attempt outlived its task's ``execution_timeout`` or queue deadline, and was cancelled."""
+class GpuJobDeadlineError(GpuJobError):
+    """The attempt outlived its task's ``execution_timeout`` or ``queue_timeout`` and was cancelled;
+    Airflow's retries apply, as they do to ``execution_timeout``."""
 
 
 class GpuJobPollError(GpuJobError):

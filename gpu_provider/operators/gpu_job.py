@@ -1,27 +1,24 @@
 """``GpuJobOperator``: one GPU job (preprocessing, training, inference) on any backend.
 
-The operator orchestrates; every service call lives in a backend. One task instance may run
-several *attempts* of its job: after a spot interruption, or spot capacity that never came, the
-capacity policy picks the next attempt's capacity and the job resumes from its latest checkpoint.
-Those attempts do not use Airflow's ``retries``; a job's own failure does, and the retry resumes
-from the checkpoint too. A new try first looks for the previous try's job and reattaches to it.
+The operator is a thin Airflow adapter: it renders and validates its fields, reads and saves the
+attempt records (task state store), defers, and returns the result to XCom. What happens next
+after each attempt is decided by :class:`~gpu_provider.engine.attempts.AttemptEngine`; every
+service call lives in a backend.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
 import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, cast
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from airflow.sdk import BaseOperator
 
-from gpu_provider._watch import AttemptWatch, declared_output
+from gpu_provider import names
 from gpu_provider.backends.base import (
     Backend,
     JobHandle,
@@ -33,22 +30,28 @@ from gpu_provider.backends.base import (
     check_backend_name,
     resolve_backend,
 )
+from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait, describe
+from gpu_provider.engine.logs import LogForwarder
+from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, AttemptWatch
 from gpu_provider.exceptions import (
     GpuJobCancelledError,
-    GpuJobFailedError,
-    GpuJobInterruptionBudgetError,
+    GpuJobDeadlineError,
     GpuJobPollError,
+    GpuJobStatusError,
 )
-from gpu_provider.job import Checkpoint, GpuResources, is_templated, to_seconds, validate_checkpoint_uri
+from gpu_provider.job import is_templated, to_bool, to_seconds, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
-from gpu_provider.recovery import (
-    CAPACITY_TIMEOUT,
-    PREEMPTED,
-    SPOT,
-    CapacityPolicy,
-    Interruption,
-    resolve_capacity,
+from gpu_provider.operators._fields import (
+    TEAM,
+    any_templated,
+    check_fixed_options,
+    to_checkpoint,
+    to_resources,
+    validate_command,
+    validate_env,
 )
+from gpu_provider.records import AttemptRecord, dump_records, load_records
+from gpu_provider.recovery import CapacityPolicy, resolve_capacity
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -60,82 +63,9 @@ SPOT_WITHOUT_CHECKPOINT_WARN_S = 3600.0
 #: task state store key holding this task instance's attempt records (survives worker crashes)
 STATE_KEY = "gpu_provider_attempts"
 
-#: variables the provider sets on every job; ``env=`` may not override them
-_RESERVED_ENV = frozenset({"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"})
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TEAM = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-
-
-def _iso(ts: float | None) -> str | None:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat() if ts else None
-
-
-def _validate_command(command: Any) -> list[str]:
-    if isinstance(command, str):
-        raise TypeError(
-            f"command={command!r} must be a list of arguments, e.g. ['python', 'train.py', '--epochs', '3'] "
-            "(a string would need a shell; pass ['bash', '-c', '...'] if you want one)"
-        )
-    if not isinstance(command, Sequence) or not command:
-        raise TypeError(f"command={command!r} must be a non-empty list of strings")
-    out = []
-    for i, arg in enumerate(command):
-        if isinstance(arg, (int, float)) and not isinstance(arg, bool):
-            arg = str(arg)
-        if not isinstance(arg, str):
-            raise TypeError(f"command[{i}]={arg!r} ({type(arg).__name__}) must be a string")
-        out.append(arg)
-    return out
-
-
-def _validate_env(env: Any) -> dict[str, str]:
-    if env is None:
-        return {}
-    if not isinstance(env, Mapping):
-        raise TypeError(f"env={type(env).__name__} must be a mapping of variable names to strings")
-    out = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
-            raise ValueError(f"env key {key!r} is not a valid environment variable name (letters, digits, _)")
-        if key in _RESERVED_ENV or key.startswith("GPU_PROVIDER_"):
-            raise ValueError(
-                f"env key {key!r} is set by the provider on every job (GPU_PROVIDER_*, NNODES, NODE_RANK, "
-                "MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES) and cannot be overridden"
-            )
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            # never echo the value: it may be a secret
-            raise TypeError(f"env[{key!r}] is a {type(value).__name__}; environment values must be strings")
-        out[key] = str(value)
-    return out
-
-
-def _to_resources(resources: Any) -> GpuResources:
-    if resources is None:
-        return GpuResources()
-    if isinstance(resources, GpuResources):
-        return resources
-    if isinstance(resources, Mapping):
-        try:
-            return GpuResources(**resources)
-        except TypeError as err:
-            raise TypeError(f"resources={dict(resources)!r}: {err}") from err
-    raise TypeError(f"resources={resources!r} ({type(resources).__name__}) must be GpuResources(...) or a dict")
-
-
-def _to_checkpoint(checkpoint: Any) -> Checkpoint | None:
-    if checkpoint is None or isinstance(checkpoint, Checkpoint):
-        return checkpoint
-    if isinstance(checkpoint, str):
-        return Checkpoint(uri=checkpoint)
-    raise TypeError(
-        f"checkpoint={checkpoint!r} ({type(checkpoint).__name__}) must be Checkpoint(uri=...) or a URI string"
-    )
-
-
-def _backend_is_templated(backend: Any) -> bool:
-    if isinstance(backend, Mapping):
-        return any(is_templated(v) for v in backend.values())
-    return is_templated(backend)
+#: extra time Airflow's own deferral timeout allows past the deadline the trigger enforces itself
+#: (a backstop for a triggerer that cannot run the trigger; the trigger cancels the job first)
+DEFER_TIMEOUT_SLACK_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -149,6 +79,7 @@ class _Plan:
     checkpoint_uri: str | None
     max_runtime_s: float | None
     poll_interval: float
+    try_number: int
 
 
 class GpuJobOperator(BaseOperator):
@@ -172,7 +103,11 @@ class GpuJobOperator(BaseOperator):
         service-side priorities also pass it on (Batch: ``schedulingPriorityOverride`` on fair-share
         queues, 0-9999).
     :param max_runtime: longest one attempt may run (timedelta or seconds), enforced by the backend
-        on the job itself; ``execution_timeout``, if shorter, is enforced the same way.
+        on the job itself; ``execution_timeout``, if shorter, is enforced the same way. A deferred
+        task also honours ``execution_timeout``: when it passes, the job is cancelled and the try fails.
+    :param queue_timeout: longest an attempt not covered by the policy's ``spot_wait_timeout`` (an
+        on-demand attempt, or a spot one under a policy that waits forever) may stay queued; then it
+        is cancelled and the try fails (Airflow's retries apply). Default: wait forever.
     :param deferrable: wait in the triggerer instead of a worker slot (default:
         ``[operators] default_deferrable``).
     :param poll_interval: seconds between status checks (default: ``[gpu_provider] poll_interval``,
@@ -193,22 +128,24 @@ class GpuJobOperator(BaseOperator):
         backend: Backend | str | Mapping[str, Any] | None = None,
         image: str | None = None,
         env: Mapping[str, str] | None = None,
-        resources: GpuResources | Mapping[str, Any] | None = None,
+        resources: Any = None,
         capacity: CapacityPolicy | str | None = None,
-        checkpoint: Checkpoint | str | None = None,
+        checkpoint: Any = None,
         team: str | None = None,
         priority: int | None = None,
         max_runtime: timedelta | float | None = None,
-        deferrable: bool | None = None,
+        queue_timeout: timedelta | float | None = None,
+        deferrable: bool | str | None = None,
         poll_interval: float | None = None,
         **kwargs: Any,
     ) -> None:
-        self.gpu_resources = _to_resources(resources)
+        self.gpu_resources = to_resources(resources)
         if team is not None:
-            if not isinstance(team, str) or not _TEAM.match(team):
+            if not isinstance(team, str) or not TEAM.match(team):
                 raise ValueError(
                     f"team={team!r} must be lower-case letters, digits, '-' or '_' (1-63 chars, e.g. 'vision'); "
-                    "it names the pool gpu_<team>"
+                    "it names the pool gpu_<team> (map it to a differently spelt service-side name in the "
+                    "backend's options, e.g. Batch share_identifiers)"
                 )
             pool = f"gpu_{team}"
             if kwargs.get("pool") not in (None, pool):
@@ -218,12 +155,14 @@ class GpuJobOperator(BaseOperator):
         if priority is not None:
             if not isinstance(priority, int) or isinstance(priority, bool):
                 raise TypeError(f"priority={priority!r} ({type(priority).__name__}) must be an integer")
+            if abs(priority) > 2**31 - 1:
+                raise ValueError(f"priority={priority!r} must be between -2147483647 and 2147483647")
             kwargs["priority_weight"] = priority
             kwargs["weight_rule"] = "absolute"
         super().__init__(**kwargs)
 
-        self.command = command if is_templated(command) else _validate_command(command)
-        self.env = env if env is None or _backend_is_templated(env) else _validate_env(env)
+        self.command = command if is_templated(command) else validate_command(command)
+        self.env = env if env is None or any_templated(env) else validate_env(env)
         self.image = image
         if backend is None:
             from airflow.configuration import conf
@@ -231,28 +170,23 @@ class GpuJobOperator(BaseOperator):
             backend = conf.get("gpu_provider", "default_backend", fallback="") or None
         self.backend = backend
         self.capacity = resolve_capacity(capacity)
-        ckpt = _to_checkpoint(checkpoint)
+        ckpt = to_checkpoint(checkpoint)
         self.checkpoint_uri = ckpt.uri if ckpt else None
         self.checkpoint_keep = ckpt.keep if ckpt else None
         self.team = team
         self.job_priority = priority
-        self.max_runtime_s = to_seconds("max_runtime", max_runtime)
-        if self.max_runtime_s == 0:
-            raise ValueError("max_runtime=0 must be > 0 seconds (None for no limit)")
-        if poll_interval is not None:
-            poll = to_seconds("poll_interval", poll_interval, allow_none=False)
-            if not poll:
-                raise ValueError(f"poll_interval={poll_interval!r} must be > 0 seconds")
-            poll_interval = poll
-        self.poll_interval = poll_interval
+        self.max_runtime_s = self._positive("max_runtime", max_runtime)
+        self.queue_timeout_s = self._positive("queue_timeout", queue_timeout)
+        self.poll_interval = self._positive("poll_interval", poll_interval)
         if deferrable is None:
             from airflow.configuration import conf
 
             deferrable = conf.getboolean("operators", "default_deferrable", fallback=False)
-        self.deferrable = bool(deferrable)
+        self.deferrable = to_bool("deferrable", deferrable)
 
         # parse-time checks of what is already known
-        if not _backend_is_templated(backend):
+        check_fixed_options(backend)
+        if not any_templated(backend):
             known = resolve_backend(backend)
             self._validate_for(known, self._runtime_limit(self.max_runtime_s))
             if not is_templated(image):
@@ -263,14 +197,20 @@ class GpuJobOperator(BaseOperator):
         self._handle: JobHandle | None = None
         self._backend: Backend | None = None
         self._run_id: str | None = None
+        self._try_number: int | None = None
         self._log_link: str | None = None
-        #: output URIs declared in the logs this process has read, by job id
-        self._log_outputs: dict[str, str | None] = {}
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ parse & render checks
+    @staticmethod
+    def _positive(field: str, value: Any) -> float | None:
+        seconds = to_seconds(field, value)
+        if seconds == 0:
+            raise ValueError(f"{field}={value!r} must be > 0 seconds (None for the default)")
+        return seconds
+
     def _warn_spot_without_checkpoint(self) -> None:
-        if SPOT not in self.capacity.may_use or self.checkpoint_uri:
+        if names.SPOT not in self.capacity.may_use or self.checkpoint_uri:
             return
         runtime = self.max_runtime_s
         if runtime is None or runtime > SPOT_WITHOUT_CHECKPOINT_WARN_S:
@@ -287,21 +227,23 @@ class GpuJobOperator(BaseOperator):
         """Validate the rendered fields (templates are resolved by now) and fix the job for this try."""
         backend = resolve_backend(self.backend)
         self._backend = backend
-        self._run_id = str(context["ti"].run_id)
+        ti = context["ti"]
+        self._run_id = str(ti.run_id)
+        self._try_number = int(ti.try_number)
         max_runtime_s = self._runtime_limit(self.max_runtime_s)
         self._validate_for(backend, max_runtime_s)
         image = self.image or None
         backend.validate_image(image)
         checkpoint_uri = validate_checkpoint_uri(self.checkpoint_uri) if self.checkpoint_uri else None
-        poll = self.poll_interval or self._configured_poll_interval(backend)
         return _Plan(
             backend=backend,
-            command=_validate_command(self.command),
-            env=_validate_env(self.env),
+            command=validate_command(self.command),
+            env=validate_env(self.env),
             image=image,
             checkpoint_uri=checkpoint_uri,
             max_runtime_s=max_runtime_s,
-            poll_interval=poll,
+            poll_interval=self.poll_interval or self._configured_poll_interval(backend),
+            try_number=int(ti.try_number),
         )
 
     def _validate_for(self, backend: Backend, max_runtime_s: float | None) -> None:
@@ -330,59 +272,317 @@ class GpuJobOperator(BaseOperator):
                 return value
         return backend.default_poll_interval
 
+    def _deadline(self, context: Context) -> float | None:
+        """When this try's ``execution_timeout`` ends (Unix time); Airflow does not apply it while deferred."""
+        start = getattr(context["ti"], "start_date", None)
+        if not isinstance(self.execution_timeout, timedelta) or start is None:
+            return None
+        return float(start.timestamp()) + self.execution_timeout.total_seconds()
+
     # ------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
-        task = self._task_key(context)
-        records = self._previous_attempts(context, plan.backend, task)
-        if records:
-            last = records[-1]
-            handle = JobHandle.from_dict(last["handle"])
-            state = JobState(last["state"])
-            if state.active:
-                self.log.info(
-                    "Reattaching to %s job %s (attempt %d, %s) left by an earlier try; not submitting a new one.",
-                    plan.backend.name,
-                    handle.job_id,
-                    handle.attempt,
-                    state.value,
-                )
-                self._publish_link(context, plan.backend, handle)
-                return self._wait(context, plan, records, handle)
-            if state is JobState.SUCCEEDED:
-                self.log.info("Job %s of an earlier try already succeeded; returning its result.", handle.job_id)
-                self._publish_link(context, plan.backend, handle)
-                return self._result(plan, records)
-            if last.get("interruption"):
-                # interrupted while no worker watched: the policy and its budget decide, as if we had seen it
-                status = JobStatus(state=state, reason=str(last.get("reason") or ""))
-                return self._attempt_ended(context, plan, records, handle, status, capacity_timeout=False)
-        return self._start_attempt(context, plan, records)
+        engine = self._engine(plan, self._previous_attempts(context, plan))
+        self._cancel_duplicates(context, plan, engine)
+        step = engine.resume()
+        if isinstance(step, Wait):
+            record = step.record
+            self.log.info(
+                "Reattaching to %s left by an earlier try (%s); not submitting a new one.",
+                describe(plan.backend.name, record),
+                record.state.value,
+            )
+            self._take_over(plan, record)
+            self._persist(context, engine.records)
+            self._publish_link(context, plan.backend, record.handle)
+        elif isinstance(step, Succeed):
+            self.log.info("Job %s of an earlier try already succeeded; returning its result.", step.record.job_id)
+        return self._run(context, plan, engine, step, self._deadline(context))
 
     def execute_complete(
-        self, context: Context, event: dict[str, Any], records: list[dict[str, Any]] | None = None
+        self,
+        context: Context,
+        event: dict[str, Any],
+        records: list[dict[str, Any]] | None = None,
+        deadline: float | None = None,
     ) -> Any:
-        """Resume after the trigger fired: check the event, then apply the recovery policy.
+        """Resume after the trigger fired: check the event, then let the engine decide.
 
         ``records`` (the attempts so far) come back from ``defer(kwargs=...)``; where a runner does
         not hand them back (``dag.test()`` replaces them with the event), they are read again from
         the task state store, else from the backend.
         """
-        if not isinstance(event, dict) or event.get("status") not in _EVENT_STATUSES:
+        if not isinstance(event, dict) or event.get("status") not in names.EVENT_STATUSES:
             raise GpuJobPollError(f"GPU job trigger returned an unexpected event: {event!r}")
         plan = self._plan(context)
-        if not records:
-            records = self._previous_attempts(context, plan.backend, self._task_key(context))
+        loaded = load_records(records) or self._previous_attempts(context, plan)
+        engine = self._engine(plan, loaded)
         handle = JobHandle.from_dict(event["handle"])
         self._handle = handle
-        if event["status"] == "poll_error":
-            raise GpuJobPollError(event.get("message") or "could not read the job's status")
+        if event["status"] == names.EVENT_POLL_ERROR:
+            raise GpuJobPollError(
+                f"{event.get('message') or 'could not read the job status'}. The job may still be running: a "
+                "retry of this task will reattach to it."
+            )
+        record = engine.record_for(handle.job_id)
+        if record is None:  # the store lost it: the event's handle is the truth
+            record = AttemptRecord.new(handle, try_number=plan.try_number)
+            engine.records.append(record)
         status = JobStatus.from_dict(event["job_status"])
         self._publish_log_link(context, status.log_url)
-        if not plan.backend.stream_logs_when_deferred:
-            self._read_log(plan.backend, handle, copy=True)
-        timed_out = event["status"] == "capacity_timeout"
-        return self._attempt_ended(context, plan, records, handle, status, capacity_timeout=timed_out)
+        outcome = {
+            names.EVENT_CAPACITY_TIMEOUT: CAPACITY_TIMEOUT,
+            names.EVENT_QUEUE_TIMEOUT: QUEUE_TIMEOUT,
+            names.EVENT_DEADLINE: DEADLINE,
+        }.get(event["status"], ENDED)
+        if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
+            LogForwarder(plan.backend, handle, self.log).settle()
+        step = self._after_wait(context, plan, engine, record, status, outcome)
+        return self._run(context, plan, engine, step, deadline)
+
+    def _engine(self, plan: _Plan, records: list[AttemptRecord]) -> AttemptEngine:
+        return AttemptEngine(
+            self.capacity,
+            records,
+            try_number=plan.try_number,
+            backend_name=plan.backend.name,
+            retries=int(self.retries or 0),
+            resumes=bool(plan.checkpoint_uri),
+        )
+
+    def _run(self, context: Context, plan: _Plan, engine: AttemptEngine, step: Step, deadline: float | None) -> Any:
+        """Carry the engine's steps out until the job succeeds, the try fails, or the task defers."""
+        while True:
+            if isinstance(step, Fail):
+                self._finish(context, plan, engine, step.record)
+                raise step.error
+            if isinstance(step, Succeed):
+                return self._succeed(context, plan, engine, step.record)
+            if isinstance(step, Submit):
+                if engine.note:
+                    self.log.warning("%s", engine.note)
+                if step.delay:
+                    self._stop.wait(step.delay)
+                if self._stop.is_set():
+                    raise GpuJobCancelledError("this task was killed before it could submit its next attempt.")
+                engine.before_submit(step)
+                step = Wait(self._submit(context, plan, engine, step))
+                continue
+            record = step.record
+            if self.deferrable:
+                self._defer(plan, engine, record, deadline)
+            status, outcome = self._wait_sync(context, plan, record)
+            step = self._after_wait(context, plan, engine, record, status, outcome)
+
+    def _after_wait(
+        self,
+        context: Context,
+        plan: _Plan,
+        engine: AttemptEngine,
+        record: AttemptRecord,
+        status: JobStatus,
+        outcome: str,
+    ) -> Step:
+        """What a wait's outcome means: an ended job goes to the engine; a timeout cancels first."""
+        backend, where = plan.backend, describe(plan.backend.name, record)
+        if outcome == CAPACITY_TIMEOUT:
+            # the sample may be stale (the trigger fired, then the task waited for a slot): look again
+            fresh = self._poll_one(backend, record.handle)
+            if fresh is not None and fresh.state is not JobState.QUEUED:
+                self.log.info("%s left the queue (%s) before its capacity wait was acted on.", where, fresh.state.value)
+                engine.saw(record, fresh)
+                self._persist(context, engine.records)
+                return engine.ended(record) if fresh.state.terminal else Wait(record)
+            wait = self.capacity.spot_wait_timeout_s or 0.0
+            reason = (
+                f"{names.CAPACITY_TIMEOUT_MARK}no {record.capacity} capacity after {wait:.0f}s waiting "
+                f"(spot_wait_timeout); given up by {self._task_label()}"
+            )
+            if not self._cancel(backend, record, reason):
+                return Wait(record)  # never leave a queued job nobody watches: wait and try again
+            engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
+            record.interruption = names.CAPACITY_TIMEOUT
+        elif outcome in (QUEUE_TIMEOUT, DEADLINE):
+            what = (
+                f"still queued after queue_timeout={self.queue_timeout_s:.0f}s"
+                if outcome == QUEUE_TIMEOUT
+                else f"still running when execution_timeout={self.execution_timeout} ran out"
+            )
+            reason = f"{what}; cancelled by {self._task_label()}"
+            cancelled = self._cancel(backend, record, reason)
+            engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
+            self._persist(context, engine.records)
+            tail = "" if cancelled else " Cancelling it failed: stop it by hand."
+            return Fail(GpuJobDeadlineError(f"{where} was {what}; it was cancelled and this try fails.{tail}"), record)
+        else:
+            engine.saw(record, status)
+        self._persist(context, engine.records)
+        return engine.ended(record, stopped_by_kill=self._stop.is_set())
+
+    def _defer(self, plan: _Plan, engine: AttemptEngine, record: AttemptRecord, deadline: float | None) -> NoReturn:
+        from gpu_provider.triggers.gpu_job import GpuJobTrigger
+
+        timeout = (
+            None if deadline is None else timedelta(seconds=max(0.0, deadline - time.time()) + DEFER_TIMEOUT_SLACK_S)
+        )
+        self.defer(
+            trigger=GpuJobTrigger(
+                backend=plan.backend.spec(),
+                handle=record.handle.to_dict(),
+                poll_interval=plan.poll_interval,
+                spot_wait_timeout=self._capacity_wait(record),
+                queue_timeout=self._queue_timeout(record),
+                deadline=deadline,
+                stream_logs=plan.backend.stream_logs_when_deferred,
+                task_label=self._task_label(),
+            ),
+            method_name="execute_complete",
+            kwargs={"records": dump_records(engine.records), "deadline": deadline},
+            timeout=timeout,
+        )
+        raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
+
+    def _capacity_wait(self, record: AttemptRecord) -> float | None:
+        return self.capacity.spot_wait_timeout_s if record.capacity == names.SPOT else None
+
+    def _queue_timeout(self, record: AttemptRecord) -> float | None:
+        return self.queue_timeout_s if self._capacity_wait(record) is None else None
+
+    def _wait_sync(self, context: Context, plan: _Plan, record: AttemptRecord) -> tuple[JobStatus, str]:
+        """Poll in the worker until the attempt ends or a wait limit passes; stream its log into the task log."""
+        handle = record.handle
+        watch = AttemptWatch(
+            plan.backend,
+            handle,
+            capacity_wait=self._capacity_wait(record),
+            queue_timeout=self._queue_timeout(record),
+            log=self.log,
+        )
+        while not self._stop.is_set():
+            try:
+                status: JobStatus | GpuJobStatusError = plan.backend.poll([handle])[handle.job_id]
+                if isinstance(status, GpuJobStatusError):
+                    raise status
+            except Exception as err:
+                give_up = watch.failed_read(err)
+                if give_up:
+                    raise GpuJobPollError(
+                        f"{give_up}. The job may still be running: a retry of this task will reattach to it."
+                    ) from err
+                self._stop.wait(plan.poll_interval)
+                continue
+            self._publish_log_link(context, status.log_url)
+            outcome = watch.read(status)
+            if outcome is not None:
+                if status.state is JobState.SUCCEEDED and not status.output_uri and watch.output_uri:
+                    status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
+                return status, outcome
+            self._stop.wait(plan.poll_interval)
+        # killed: on_kill cancelled the job; stop polling at once and say how the attempt ended
+        raise GpuJobCancelledError(f"{describe(plan.backend.name, record)} was cancelled because this task was killed.")
+
+    # ------------------------------------------------------------------ attempts
+    def _submit(self, context: Context, plan: _Plan, engine: AttemptEngine, step: Submit) -> AttemptRecord:
+        resume_from = self._latest_checkpoint(plan.backend, plan.checkpoint_uri)
+        identity = JobIdentity(
+            task=self._task_key(context),
+            try_number=plan.try_number,
+            attempt=step.attempt,
+            capacity=step.capacity,
+            team=self.team,
+        )
+        env = {
+            **plan.env,
+            names.ENV_CHECKPOINT_URI: plan.checkpoint_uri or "",
+            names.ENV_CHECKPOINT_KEEP: str(self.checkpoint_keep or ""),
+            names.ENV_RESUME_FROM: resume_from or "",
+            names.ENV_ATTEMPT: str(step.attempt),
+            names.ENV_CAPACITY: step.capacity,
+        }
+        request = JobRequest(
+            identity=identity,
+            command=tuple(plan.command),
+            env=env,
+            resources=self.gpu_resources,
+            capacity=step.capacity,
+            image=plan.image,
+            max_runtime_s=plan.max_runtime_s,
+            checkpoint_uri=plan.checkpoint_uri,
+            resume_from=resume_from,
+            priority=self.job_priority,
+            capacity_wait_s=self.capacity.spot_wait_timeout_s if step.capacity == names.SPOT else None,
+        )
+        handle = plan.backend.submit(request)
+        self._handle = handle
+        self.log.info(
+            "Submitted %s job %s (attempt %d, %s capacity, %s GPU(s) x %d node(s)), %s; env keys: %s",
+            plan.backend.name,
+            handle.job_id,
+            step.attempt,
+            step.capacity,
+            self.gpu_resources.gpus,
+            self.gpu_resources.nodes,
+            f"resuming from {resume_from}" if resume_from else "starting fresh (no checkpoint yet)",
+            ", ".join(sorted(env)) or "-",
+        )
+        record = engine.record_for(handle.job_id)  # an adopted job (create-or-adopt) keeps its record
+        if record is None:
+            record = AttemptRecord.new(handle, resume_from=resume_from, try_number=plan.try_number)
+            engine.records.append(record)
+        self._persist(context, engine.records)
+        self._publish_link(context, plan.backend, handle)
+        return record
+
+    def _succeed(self, context: Context, plan: _Plan, engine: AttemptEngine, record: AttemptRecord) -> Any:
+        if not record.output_uri:
+            # a job that declared its output in its log (non-local backends); read it if not seen yet
+            reader = LogForwarder(plan.backend, record.handle, self.log, copy=False)
+            reader.pump(drain=True)
+            record.output_uri = reader.output_uri
+        self._finish(context, plan, engine, record)
+        result = engine.result(plan.checkpoint_uri)
+        self.log.info(
+            "%s SUCCEEDED after %d attempt(s); %.1f GPU-seconds in all.",
+            describe(plan.backend.name, record),
+            len(result["attempts"]),
+            result["gpu_seconds"],
+        )
+        return result
+
+    def _finish(self, context: Context, plan: _Plan, engine: AttemptEngine, record: AttemptRecord | None) -> None:
+        """This try consumed ``record``'s outcome: mark it collected, so a cleared task runs the job anew."""
+        if record is not None and record.state.terminal and record.owner_try in (None, plan.try_number):
+            record.collected = True
+            try:
+                plan.backend.mark(record.handle, collected=True)
+            except Exception as err:  # the store keeps the mark too
+                self.log.warning("Could not mark job %s as collected on the service: %s", record.job_id, err)
+        self._persist(context, engine.records)
+
+    def _take_over(self, plan: _Plan, record: AttemptRecord) -> None:
+        """This try now owns ``record``: a zombie earlier try must not cancel it or submit its successor."""
+        record.owner_try = plan.try_number
+        self._handle = record.handle
+        try:
+            plan.backend.mark(record.handle, owner_try=plan.try_number)
+        except Exception as err:
+            self.log.warning("Could not mark job %s as owned by try %d: %s", record.job_id, plan.try_number, err)
+
+    def _cancel(self, backend: Backend, record: AttemptRecord, reason: str) -> bool:
+        try:
+            backend.cancel(record.handle, reason)
+            return True
+        except Exception as err:
+            self.log.warning("Could not cancel %s: %s", describe(backend.name, record), err)
+            return False
+
+    @staticmethod
+    def _poll_one(backend: Backend, handle: JobHandle) -> JobStatus | None:
+        try:
+            status = backend.poll([handle]).get(handle.job_id)
+        except Exception:
+            return None
+        return status if isinstance(status, JobStatus) else None
 
     def _task_key(self, context: Context) -> TaskKey:
         ti = context["ti"]
@@ -394,85 +594,55 @@ class GpuJobOperator(BaseOperator):
             map_index=-1 if map_index is None else int(map_index),
         )
 
-    def _previous_attempts(self, context: Context, backend: Backend, task: TaskKey) -> list[dict[str, Any]]:
-        """Attempt records of earlier tries, with their current state.
+    def _previous_attempts(self, context: Context, plan: _Plan) -> list[AttemptRecord]:
+        """Attempt records of earlier tries, refreshed with each attempt's current status.
 
-        The task state store keeps the full records (resume point, try, interruption kind). The
+        The task state store keeps the full records (resume point, owner, interruption kind). The
         backend's lookup by identity is asked too: it also finds an attempt submitted just before a
         crash that kept its record from reaching the store, so that attempt is reattached, not duplicated.
         """
-        records: list[dict[str, Any]] = []
+        records: list[AttemptRecord] = []
         store = context.get("task_state_store")
         if store is not None:
             try:
-                stored = store.get(STATE_KEY)
+                records = load_records(store.get(STATE_KEY))
             except Exception as err:  # the store is an optimisation; the backend lookup still works
                 self.log.warning("Could not read the task state store (%s); asking the backend instead.", err)
-                stored = None
-            if isinstance(stored, list):
-                records = [r for r in stored if isinstance(r, dict) and "handle" in r]
-        known = {r["job_id"] for r in records}
-        records += [self._record(h) for h in backend.find_existing(task) if h.job_id not in known]
-        if not records:
-            return []
-        records.sort(key=lambda r: int(r["attempt"]))
-        handles = [JobHandle.from_dict(r["handle"]) for r in records]
-        statuses = backend.poll(handles)
-        for record, handle in zip(records, handles, strict=True):
-            status = statuses.get(handle.job_id)
-            if status is not None:
-                self._update_record(record, status)
+        self._stored = {r.job_id for r in records}
+        known = set(self._stored)
+        records += [
+            AttemptRecord.new(h) for h in plan.backend.find_existing(self._task_key(context)) if h.job_id not in known
+        ]
+        records.sort(key=lambda r: (r.attempt, r.handle.submitted_at))
+        if records:
+            statuses = plan.backend.poll([r.handle for r in records])
+            for record in records:
+                status = statuses.get(record.job_id)
+                if isinstance(status, JobStatus):
+                    record.update(status)
+                elif status is not None:
+                    self.log.warning("Could not read the status of job %s: %s", record.job_id, status)
         return records
 
-    # ------------------------------------------------------------------ attempts
-    def _start_attempt(self, context: Context, plan: _Plan, records: list[dict[str, Any]]) -> Any:
-        interruptions = _interruptions(records)
-        capacity = self.capacity.capacity_after(interruptions) if interruptions else self.capacity.first_capacity()
-        attempt = max((int(r["attempt"]) for r in records), default=0) + 1
-        resume_from = self._latest_checkpoint(plan.backend, plan.checkpoint_uri)
-        task = self._task_key(context)
-        identity = JobIdentity(
-            task=task, try_number=int(context["ti"].try_number), attempt=attempt, capacity=capacity, team=self.team
-        )
-        env = dict(plan.env)
-        env.update(
-            {
-                "GPU_PROVIDER_CHECKPOINT_URI": plan.checkpoint_uri or "",
-                "GPU_PROVIDER_CHECKPOINT_KEEP": str(self.checkpoint_keep or ""),
-                "GPU_PROVIDER_RESUME_FROM": resume_from or "",
-                "GPU_PROVIDER_ATTEMPT": str(attempt),
-                "GPU_PROVIDER_CAPACITY": capacity,
-            }
-        )
-        request = JobRequest(
-            identity=identity,
-            command=tuple(plan.command),
-            env=env,
-            resources=self.gpu_resources,
-            capacity=capacity,
-            image=plan.image,
-            max_runtime_s=plan.max_runtime_s,
-            checkpoint_uri=plan.checkpoint_uri,
-            resume_from=resume_from,
-            priority=self.job_priority,
-        )
-        handle = plan.backend.submit(request)
-        self._handle = handle
-        self.log.info(
-            "Submitted %s job %s (attempt %d, %s capacity, %s GPU(s) x %d node(s)), %s; env keys: %s",
-            plan.backend.name,
-            handle.job_id,
-            attempt,
-            capacity,
-            self.gpu_resources.gpus,
-            self.gpu_resources.nodes,
-            f"resuming from {resume_from}" if resume_from else "starting fresh (no checkpoint yet)",
-            ", ".join(sorted(env)) or "-",
-        )
-        records.append(self._record(handle, resume_from, int(context["ti"].try_number)))
-        self._persist(context, records)
-        self._publish_link(context, plan.backend, handle)
-        return self._wait(context, plan, records, handle)
+    def _cancel_duplicates(self, context: Context, plan: _Plan, engine: AttemptEngine) -> None:
+        """Two live attempts of one task instance (a re-sent submit, a zombie try): keep one, cancel the rest."""
+        for extra in engine.duplicates(getattr(self, "_stored", set())):
+            reason = f"duplicate attempt of {self._task_label()}; another attempt of the task is kept"
+            self.log.warning("Found a second live attempt, %s: cancelling it.", describe(plan.backend.name, extra))
+            if self._cancel(plan.backend, extra, reason):
+                extra.update(JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
+                extra.collected = True
+        self._persist(context, engine.records)
+
+    # ------------------------------------------------------------------ records, links, logs
+    def _persist(self, context: Context, records: list[AttemptRecord]) -> None:
+        store = context.get("task_state_store")
+        if store is None:
+            return
+        try:
+            store.set(STATE_KEY, cast("JsonValue", dump_records(records)))
+        except Exception as err:  # reattach still works through the backend's lookup
+            self.log.warning("Could not save attempts to the task state store (%s).", err)
 
     def _publish_link(self, context: Context, backend: Backend, handle: JobHandle) -> None:
         url = backend.console_url(handle)
@@ -486,203 +656,6 @@ class GpuJobOperator(BaseOperator):
             context["ti"].xcom_push(key=LOGS_URL_XCOM_KEY, value=url)
             self._log_link = url
 
-    def _wait(self, context: Context, plan: _Plan, records: list[dict[str, Any]], handle: JobHandle) -> Any:
-        self._handle = handle
-        spot_wait = self.capacity.spot_wait_timeout_s if handle.capacity == SPOT else None
-        if self.deferrable:
-            from gpu_provider.triggers.gpu_job import GpuJobTrigger
-
-            self.defer(
-                trigger=GpuJobTrigger(
-                    backend=plan.backend.spec(),
-                    handle=handle.to_dict(),
-                    poll_interval=plan.poll_interval,
-                    spot_wait_timeout=spot_wait,
-                    stream_logs=plan.backend.stream_logs_when_deferred,
-                    task_label=self._task_label(),
-                ),
-                method_name="execute_complete",
-                kwargs={"records": records},
-            )
-        status, timed_out = self._wait_sync(context, plan, handle, spot_wait)
-        return self._attempt_ended(context, plan, records, handle, status, capacity_timeout=timed_out)
-
-    def _wait_sync(
-        self, context: Context, plan: _Plan, handle: JobHandle, spot_wait: float | None
-    ) -> tuple[JobStatus, bool]:
-        """Poll in the worker until the attempt ends; stream its log into the task log."""
-        watch = AttemptWatch(plan.backend, handle, spot_wait_timeout=spot_wait, log=self.log)
-        while True:
-            try:
-                status = plan.backend.poll([handle])[handle.job_id]
-            except Exception as err:
-                give_up = watch.failed_read(err)
-                if give_up:
-                    raise GpuJobPollError(
-                        f"{give_up}. The job may still be running: a retry of this task will reattach to it."
-                    ) from err
-                self._stop.wait(plan.poll_interval)
-                continue
-            self._publish_log_link(context, status.log_url)
-            outcome = watch.read(status)
-            if outcome is not None:
-                self._log_outputs[handle.job_id] = watch.output_uri
-                return status, outcome == CAPACITY_TIMEOUT
-            self._stop.wait(plan.poll_interval)
-
-    def _attempt_ended(
-        self,
-        context: Context,
-        plan: _Plan,
-        records: list[dict[str, Any]],
-        handle: JobHandle,
-        status: JobStatus,
-        *,
-        capacity_timeout: bool,
-    ) -> Any:
-        record = _find_record(records, handle)
-        if capacity_timeout:
-            reason = (
-                f"no spot capacity after {self.capacity.spot_wait_timeout_s:.0f}s waiting "
-                f"(spot_wait_timeout); cancelled by Airflow task {self.dag_id}.{self.task_id}"
-            )
-            plan.backend.cancel(handle, reason)
-            status = JobStatus(
-                state=JobState.CANCELLED, reason=reason, started_at=status.started_at, ended_at=time.time()
-            )
-            record["interruption"] = CAPACITY_TIMEOUT
-        elif status.state is JobState.PREEMPTED:
-            record["interruption"] = PREEMPTED
-        if status.state is JobState.SUCCEEDED and not status.output_uri:
-            # the log was read already when this process watched or copied it; else read it now
-            if handle.job_id in self._log_outputs:
-                output = self._log_outputs[handle.job_id]
-            else:
-                output = self._read_log(plan.backend, handle, copy=False)
-            status = dataclasses.replace(status, output_uri=output)
-        self._update_record(record, status)
-        self._persist(context, records)
-        where = (
-            f"{plan.backend.name} job {handle.name} (id {handle.job_id}, attempt {handle.attempt}, {handle.capacity})"
-        )
-
-        if status.state is JobState.SUCCEEDED:
-            result = self._result(plan, records)
-            self.log.info(
-                "%s SUCCEEDED after %d attempt(s); %.1f GPU-seconds in all.", where, len(records), result["gpu_seconds"]
-            )
-            return result
-        if record.get("interruption"):
-            interruptions = _interruptions(records)
-            budget = self.capacity.max_interruptions
-            what = "spot capacity did not come" if capacity_timeout else "treated as a spot interruption"
-            if len(interruptions) > budget:
-                raise GpuJobInterruptionBudgetError(
-                    f"{where} ended {status.state.value}: {status.reason or 'no reason given'}. {what.capitalize()}, "
-                    f"but this task has now been interrupted {len(interruptions)} times and its interruption budget "
-                    f"(max_interruptions={budget}) is spent; not resubmitting. Raise max_interruptions or use "
-                    "capacity='on_demand'."
-                )
-            next_capacity = self.capacity.capacity_after(interruptions)
-            delay = self.capacity.backoff_delay(len(interruptions))
-            self.log.warning(
-                "%s ended %s: %s. %s; resubmitting on %s (attempt %d, interruption %d of at most %d)%s.",
-                where,
-                status.state.value,
-                status.reason or "no reason given",
-                what.capitalize(),
-                next_capacity,
-                max(int(r["attempt"]) for r in records) + 1,
-                len(interruptions),
-                budget,
-                f" in {delay:.1f}s" if delay else "",
-            )
-            if delay:
-                self._stop.wait(delay)
-            if self._stop.is_set():
-                raise GpuJobCancelledError(f"this task was killed before it could resubmit {where}.")
-            return self._start_attempt(context, plan, records)
-        if status.state is JobState.CANCELLED and self._stop.is_set():
-            raise GpuJobCancelledError(f"{where} was cancelled because this task was killed.")
-        if status.state is JobState.CANCELLED:
-            raise GpuJobCancelledError(
-                f"{where} was CANCELLED: {status.reason or 'no reason given'}. It was stopped outside this task; "
-                "clear the task to run it again."
-            )
-        try_number, retries = int(context["ti"].try_number), int(self.retries or 0)
-        if try_number <= retries:
-            next_step = f"Airflow will retry it (retry {try_number} of {retries})" + (
-                ", resuming from the latest checkpoint." if plan.checkpoint_uri else ", starting it again."
-            )
-        else:
-            next_step = f"No Airflow retries are left (retries={retries})."
-        raise GpuJobFailedError(
-            f"{where} ended FAILED: {status.reason or 'no reason given'}"
-            + (f" (exit code {status.exit_code})" if status.exit_code is not None else "")
-            + f". This is the job's own error, not an interruption. {next_step}"
-        )
-
-    # ------------------------------------------------------------------ records & results
-    @staticmethod
-    def _record(handle: JobHandle, resume_from: str | None = None, try_number: int | None = None) -> dict[str, Any]:
-        """A new attempt record (resume point and try are unknown for attempts found by lookup)."""
-        return {
-            "attempt": handle.attempt,
-            "job_id": handle.job_id,
-            "name": handle.name,
-            "capacity": handle.capacity,
-            "state": JobState.QUEUED.value,
-            "reason": "",
-            "started_at": None,
-            "ended_at": None,
-            "resume_from": resume_from,
-            "try_number": try_number,
-            "gpu_seconds": 0.0,
-            "output_uri": None,
-            "interruption": None,
-            "queue": handle.extra.get("queue"),
-            "handle": handle.to_dict(),
-        }
-
-    @staticmethod
-    def _update_record(record: dict[str, Any], status: JobStatus) -> None:
-        record["state"] = status.state.value
-        record["reason"] = status.reason
-        record["started_at"] = _iso(status.started_at) or record.get("started_at")
-        record["ended_at"] = _iso(status.ended_at) or record.get("ended_at")
-        record["gpu_seconds"] = round(status.gpu_seconds, 3)
-        if status.state is JobState.PREEMPTED:
-            record["interruption"] = PREEMPTED
-        if status.exit_code is not None:
-            record["exit_code"] = status.exit_code
-        if status.output_uri:
-            record["output_uri"] = status.output_uri
-
-    def _persist(self, context: Context, records: list[dict[str, Any]]) -> None:
-        store = context.get("task_state_store")
-        if store is None:
-            return
-        try:
-            store.set(STATE_KEY, cast("JsonValue", records))
-        except Exception as err:  # reattach still works through the backend's lookup
-            self.log.warning("Could not save attempts to the task state store (%s).", err)
-
-    def _result(self, plan: _Plan, records: list[dict[str, Any]]) -> dict[str, Any]:
-        last = records[-1]
-        attempts = [{k: v for k, v in r.items() if k != "handle"} for r in records]
-        return {
-            "backend": plan.backend.name,
-            "job_id": last["job_id"],
-            "job_name": last["name"],
-            "state": last["state"],
-            "capacity": last["capacity"],
-            "attempts": attempts,
-            "interruptions": sum(1 for r in records if r.get("interruption")),
-            "gpu_seconds": round(sum(float(r.get("gpu_seconds") or 0) for r in records), 3),
-            "checkpoint_uri": plan.checkpoint_uri,
-            "output_uri": last.get("output_uri"),
-        }
-
     @staticmethod
     def _latest_checkpoint(backend: Backend, uri: str | None) -> str | None:
         """The newest complete checkpoint at ``uri`` (S3 through the backend's AWS connection, or aws_default)."""
@@ -693,63 +666,36 @@ class GpuJobOperator(BaseOperator):
 
         return latest_checkpoint(uri, s3_client=s3_client_for(uri, getattr(backend, "aws_conn_id", None)))
 
-    def _read_log(self, backend: Backend, handle: JobHandle, *, copy: bool) -> str | None:
-        """Read an attempt's whole log once: copy it into the task log if asked, and return the
-        output URI the job declared there (``declare_output`` prints it where no file is shared).
-
-        When copying, an empty log is read again for up to ``backend.log_settle_s``: the log
-        service may not have the lines yet.
-        """
-        found, position = None, 0
-        deadline = time.monotonic() + (backend.log_settle_s if copy else 0.0)
-        try:
-            while True:
-                lines, position = backend.logs(handle, position)
-                for line in lines:
-                    if copy:
-                        self.log.info("[job] %s", line)
-                found = declared_output(lines) or found
-                if not lines and (position > 0 or time.monotonic() >= deadline):
-                    break
-                if not lines:
-                    time.sleep(1.0)
-        except Exception as err:  # the log is a convenience; it never fails the task
-            self.log.warning("Could not read the log of %s job %s: %s", backend.name, handle.job_id, err)
-        self._log_outputs[handle.job_id] = found
-        return found
-
     def _task_label(self) -> str:
         run = f" of run {self._run_id}" if self._run_id else ""
         return f"Airflow task {self.dag_id}.{self.task_id}{run}"
 
     # ------------------------------------------------------------------ kill
     def on_kill(self) -> None:
-        """Cancel the running attempt: a killed task must leave no GPU job behind."""
+        """Cancel the running attempt: a killed task must leave no GPU job behind.
+
+        Runs in the SIGTERM handler on the task's main thread. It leaves the job alone only when the
+        job says a later try owns it (Airflow replaced this try and the new one reattached); when
+        that cannot be read, it cancels: a job nobody watches must not keep billing.
+        """
         self._stop.set()
         handle = self._handle
         if handle is None:
             return
         try:
             backend = self._backend or resolve_backend(self.backend)
+            status = self._poll_one(backend, handle)
+            mine = self._try_number
+            if status is not None and status.owner_try is not None and mine is not None and status.owner_try > mine:
+                self.log.info(
+                    "Not cancelling %s job %s on kill: Airflow try %d owns it now (this is try %d).",
+                    backend.name,
+                    handle.job_id,
+                    status.owner_try,
+                    mine,
+                )
+                return
             backend.cancel(handle, f"{self._task_label()} was killed")
             self.log.info("Cancelled %s job %s because the task was killed.", backend.name, handle.job_id)
         except Exception:
             self.log.exception("Could not cancel job %s on kill", handle.job_id)
-
-
-_EVENT_STATUSES = frozenset({"succeeded", "failed", "preempted", "capacity_timeout", "cancelled", "poll_error"})
-
-
-def _find_record(records: list[dict[str, Any]], handle: JobHandle) -> dict[str, Any]:
-    for record in records:
-        if record["job_id"] == handle.job_id:
-            return record
-    raise GpuJobPollError(f"job {handle.job_id} is not among this task's attempts; the task state is inconsistent")
-
-
-def _interruptions(records: list[dict[str, Any]]) -> list[Interruption]:
-    return [
-        Interruption(attempt=int(r["attempt"]), capacity=str(r["capacity"]), kind=str(r["interruption"]))
-        for r in records
-        if r.get("interruption")
-    ]

@@ -12,20 +12,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from gpu_provider._watch import CAPACITY_TIMEOUT, ENDED, AttemptWatch
+from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, resolve_backend
+from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, AttemptWatch
 
 #: event statuses, one per way an attempt's wait can end
 EVENT_STATUS_BY_STATE = {
-    JobState.SUCCEEDED: "succeeded",
-    JobState.FAILED: "failed",
-    JobState.PREEMPTED: "preempted",
-    JobState.CANCELLED: "cancelled",
+    JobState.SUCCEEDED: names.EVENT_SUCCEEDED,
+    JobState.FAILED: names.EVENT_FAILED,
+    JobState.PREEMPTED: names.EVENT_PREEMPTED,
+    JobState.CANCELLED: names.EVENT_CANCELLED,
+}
+DEADLINE_EVENT = names.EVENT_DEADLINE
+#: wait outcomes other than the job's end, as event statuses
+EVENT_STATUS_BY_OUTCOME = {
+    CAPACITY_TIMEOUT: names.EVENT_CAPACITY_TIMEOUT,
+    QUEUE_TIMEOUT: names.EVENT_QUEUE_TIMEOUT,
+    DEADLINE: names.EVENT_DEADLINE,
 }
 
 
@@ -82,10 +91,10 @@ class SharedPoller:
         handles = [entry[0] for entry in self._subscribers.values()]
         self.ticks += 1
         self.calls += 1
-        result: dict[str, JobStatus] | BaseException
+        result: Mapping[str, JobStatus | Exception] | BaseException
         try:
             result = await asyncio.to_thread(self.backend.poll, handles)
-        except Exception as err:  # delivered to every subscriber; they decide when to give up
+        except Exception as err:  # a failure of the whole call: every subscriber counts it
             result = err
         for job_id, (_, queues) in list(self._subscribers.items()):
             item: JobStatus | BaseException
@@ -93,7 +102,7 @@ class SharedPoller:
                 item = result
             elif job_id in result:
                 item = result[job_id]
-            else:
+            else:  # against the contract; counted for this job alone, like a per-job error
                 item = LookupError(f"{self.backend.name} backend returned no status for job {job_id}")
             for queue in queues:
                 queue.put_nowait(item)
@@ -105,8 +114,12 @@ class GpuJobTrigger(BaseTrigger):
     :param backend: the backend in mapping form (``Backend.spec()``), JSON-serialisable.
     :param handle: the attempt's ``JobHandle.to_dict()``.
     :param poll_interval: seconds between status checks (shared with other triggers of the backend).
-    :param spot_wait_timeout: seconds from submission after which a still-queued attempt fires
-        ``capacity_timeout`` (None: wait forever).
+    :param spot_wait_timeout: seconds of waiting for capacity after which a still-queued attempt
+        fires ``capacity_timeout`` (None: wait forever).
+    :param queue_timeout: seconds of waiting after which a still-queued attempt not covered by
+        ``spot_wait_timeout`` fires ``queue_timeout`` (None: wait forever).
+    :param deadline: Unix time when the task's ``execution_timeout`` ends: the trigger fires
+        ``deadline`` then, and the task cancels the job (Airflow does not time deferred tasks out).
     :param stream_logs: copy the job's new log lines into the task log on every tick.
     :param task_label: names the task and run in the reason given to the service when a kill cancels the job.
     """
@@ -118,14 +131,20 @@ class GpuJobTrigger(BaseTrigger):
         handle: dict[str, Any],
         poll_interval: float = 30.0,
         spot_wait_timeout: float | None = None,
+        queue_timeout: float | None = None,
+        deadline: float | None = None,
         stream_logs: bool = True,
         task_label: str | None = None,
+        **_newer: Any,
     ) -> None:
+        # ``_newer``: arguments a newer provider version added; a triggerer one version behind still runs it
         super().__init__()  # type: ignore[no-untyped-call]
         self.backend = dict(backend)
         self.handle = dict(handle)
         self.poll_interval = float(poll_interval)
         self.spot_wait_timeout = None if spot_wait_timeout is None else float(spot_wait_timeout)
+        self.queue_timeout = None if queue_timeout is None else float(queue_timeout)
+        self.deadline = None if deadline is None else float(deadline)
         self.stream_logs = stream_logs
         self.task_label = task_label
 
@@ -137,19 +156,18 @@ class GpuJobTrigger(BaseTrigger):
                 "handle": self.handle,
                 "poll_interval": self.poll_interval,
                 "spot_wait_timeout": self.spot_wait_timeout,
+                "queue_timeout": self.queue_timeout,
+                "deadline": self.deadline,
                 "stream_logs": self.stream_logs,
                 "task_label": self.task_label,
             },
         )
 
     def _event(self, status: str, job_status: JobStatus | None, message: str) -> TriggerEvent:
+        # a deadline event may carry no sample: the task treats the job as still running
+        sample = job_status or JobStatus(state=JobState.RUNNING)
         return TriggerEvent(  # type: ignore[no-untyped-call]
-            {
-                "status": status,
-                "handle": self.handle,
-                "job_status": job_status.to_dict() if job_status else None,
-                "message": message,
-            }
+            {"status": status, "handle": self.handle, "job_status": sample.to_dict(), "message": message}
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -166,15 +184,28 @@ class GpuJobTrigger(BaseTrigger):
             self.poll_interval,
         )
         watch = AttemptWatch(
-            backend, handle, spot_wait_timeout=self.spot_wait_timeout, log=self.log, stream_logs=self.stream_logs
+            backend,
+            handle,
+            capacity_wait=self.spot_wait_timeout,
+            queue_timeout=self.queue_timeout,
+            deadline=self.deadline,
+            log=self.log,
+            stream_logs=self.stream_logs,
         )
         try:
             while True:
-                item = await queue.get()
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=self._until_deadline())
+                except asyncio.TimeoutError:  # the deadline came while no status arrived
+                    yield self._event(DEADLINE_EVENT, None, self._deadline_message(backend, handle))
+                    return
                 if isinstance(item, BaseException):
                     give_up = watch.failed_read(item)
                     if give_up:
-                        yield self._event("poll_error", None, give_up)
+                        yield self._event(names.EVENT_POLL_ERROR, None, give_up)
+                        return
+                    if watch.past_deadline():
+                        yield self._event(DEADLINE_EVENT, None, self._deadline_message(backend, handle))
                         return
                     continue
                 outcome = await asyncio.to_thread(watch.read, item)  # reads logs: not on the event loop
@@ -185,16 +216,26 @@ class GpuJobTrigger(BaseTrigger):
                         f"{backend.name} job {handle.job_id} ended {item.state.value}: {item.reason or '-'}",
                     )
                     return
-                if outcome == CAPACITY_TIMEOUT:
+                if outcome is not None:
                     yield self._event(
-                        "capacity_timeout",
+                        EVENT_STATUS_BY_OUTCOME[outcome],
                         item,
-                        f"{backend.name} job {handle.job_id} still queued for spot capacity after "
-                        f"{watch.waited():.0f}s (spot_wait_timeout={self.spot_wait_timeout:.0f}s)",
+                        f"{backend.name} job {handle.job_id} is {item.state.value} after waiting "
+                        f"{watch.waited():.0f}s ({outcome})",
                     )
                     return
         finally:
+            watch.logs.finish()
             poller.unsubscribe(handle, queue)
+
+    def _until_deadline(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.time())
+
+    @staticmethod
+    def _deadline_message(backend: Backend, handle: JobHandle) -> str:
+        return f"{backend.name} job {handle.job_id} was still running when the task's execution_timeout ran out"
 
     async def on_kill(self) -> None:
         """The deferred task was killed by a user: cancel the job so it stops billing."""

@@ -1,0 +1,261 @@
+"""The attempt loop's decisions, apart from Airflow: submit, wait, succeed or fail.
+
+Given the attempt records of a task instance (refreshed with their current status), the latest
+outcome and the capacity policy, :class:`AttemptEngine` says what happens next. It does no I/O:
+the operator (worker or ``execute_complete``) carries the steps out. Hooks run before each submit
+and on each status sample; a budget guard or a cost meter plugs in there.
+
+The rules, in one place:
+
+- a try starts by adopting what an earlier try left: an attempt still queued or running is
+  reattached (the new try takes it over); a succeeded attempt whose result nobody collected is
+  returned; an interrupted one goes to the policy; otherwise a new attempt is submitted;
+- an attempt whose outcome a try already collected (it returned the result, or failed on it) is
+  history: clearing a finished task runs the job again;
+- an interruption (spot reclaim, capacity timeout, a job the service forgot) is absorbed by the
+  policy until its budget is spent; a job's own failure goes to Airflow's retries; a deliberate
+  stop (cancelled, budget spent) is final, Airflow does not retry it;
+- only the try that owns an attempt may cancel it or submit its successor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_provider.backends.base import JobState, JobStatus
+from gpu_provider.exceptions import (
+    GpuJobCancelledError,
+    GpuJobError,
+    GpuJobFailedError,
+    GpuJobInterruptionBudgetError,
+)
+from gpu_provider.names import CAPACITY_TIMEOUT, LOST
+from gpu_provider.records import AttemptRecord
+from gpu_provider.recovery import CapacityPolicy, Interruption
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Submit attempt ``attempt`` on ``capacity`` after ``delay`` seconds (backoff after an interruption)."""
+
+    attempt: int
+    capacity: str
+    delay: float = 0.0
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait for this attempt to end."""
+
+    record: AttemptRecord
+
+
+@dataclass(frozen=True)
+class Succeed:
+    """The job succeeded with this attempt: collect its result."""
+
+    record: AttemptRecord
+
+
+@dataclass(frozen=True)
+class Fail:
+    """Stop this try with ``error`` (a :class:`GpuJobStoppedError` is final; others go to Airflow's retries).
+
+    ``record`` is the attempt whose outcome this try consumed by failing on it (it is marked collected).
+    """
+
+    error: GpuJobError
+    record: AttemptRecord | None = None
+
+
+Step = Submit | Wait | Succeed | Fail
+
+#: ``before_submit(step, records)``: may raise to stop the submission (a budget guard)
+BeforeSubmit = Callable[[Submit, Sequence[AttemptRecord]], None]
+#: ``on_status(record, status)``: sees every status sample the try takes (a cost meter)
+OnStatus = Callable[[AttemptRecord, JobStatus], None]
+
+
+def describe(backend_name: str, record: AttemptRecord) -> str:
+    return f"{backend_name} job {record.name} (id {record.job_id}, attempt {record.attempt}, {record.capacity})"
+
+
+class AttemptEngine:
+    """Decides the next step of one try of a task instance.
+
+    :param records: every attempt record of the task instance, oldest first (the engine keeps and
+        extends this list; the caller persists it)
+    :param try_number: this Airflow try
+    :param retries: the task's ``retries`` (for the message of a job's own failure)
+    :param resumes: whether a new attempt resumes from a checkpoint (for messages)
+    """
+
+    def __init__(
+        self,
+        policy: CapacityPolicy,
+        records: list[AttemptRecord],
+        *,
+        try_number: int,
+        backend_name: str,
+        retries: int = 0,
+        resumes: bool = False,
+        before_submit: Sequence[BeforeSubmit] = (),
+        on_status: Sequence[OnStatus] = (),
+    ) -> None:
+        self.policy = policy
+        self.records = records
+        self.try_number = try_number
+        self.backend_name = backend_name
+        self.retries = retries
+        self.resumes = resumes
+        self.before_submit_hooks = list(before_submit)
+        self.on_status_hooks = list(on_status)
+        #: what the last interruption decision said (the operator logs it)
+        self.note = ""
+
+    # --- what the records say ------------------------------------------------------------------
+    @property
+    def current(self) -> list[AttemptRecord]:
+        """The attempts of the job's current run: those after the last collected one."""
+        last_collected = max((i for i, r in enumerate(self.records) if r.collected), default=-1)
+        return self.records[last_collected + 1 :]
+
+    def interruptions(self) -> list[Interruption]:
+        return [
+            Interruption(attempt=r.attempt, capacity=r.capacity, kind=r.interruption)
+            for r in self.current
+            if r.interruption
+        ]
+
+    def record_for(self, job_id: str) -> AttemptRecord | None:
+        return next((r for r in self.records if r.job_id == job_id), None)
+
+    def duplicates(self, stored: set[str]) -> list[AttemptRecord]:
+        """Live attempts beyond the one to keep (a re-sent submit, a zombie try's successor).
+
+        Keeps the newest live attempt that the task state store knows, else the newest live one.
+        """
+        live = [r for r in self.current if r.state.active]
+        if len(live) < 2:
+            return []
+        known = [r for r in live if r.job_id in stored]
+        keep = max(known or live, key=lambda r: (r.attempt, r.handle.submitted_at))
+        return [r for r in live if r is not keep]
+
+    # --- decisions -----------------------------------------------------------------------------
+    def resume(self) -> Step:
+        """The first step of a try, from the records refreshed with each attempt's current status."""
+        current = self.current
+        if not current:
+            return self.next_submit()
+        last = current[-1]
+        if last.state.active:
+            return Wait(last)
+        if last.state is JobState.SUCCEEDED:
+            return Succeed(last)
+        if last.interruption:
+            # interrupted while no worker watched: the policy and its budget decide, as if we had seen it
+            return self.after_interruption(last)
+        return self.next_submit()
+
+    def ended(self, record: AttemptRecord, *, stopped_by_kill: bool = False) -> Step:
+        """The step after ``record``'s attempt ended (its record already holds the final status)."""
+        where = describe(self.backend_name, record)
+        if record.state is JobState.SUCCEEDED:
+            return Succeed(record)
+        if record.owner_try is not None and record.owner_try > self.try_number:
+            return Fail(
+                GpuJobCancelledError(
+                    f"{where} is now owned by Airflow try {record.owner_try}, which took it over; this try "
+                    f"({self.try_number}) stops without touching it."
+                )
+            )
+        if record.interruption:
+            return self.after_interruption(record)
+        if record.state is JobState.CANCELLED:
+            if stopped_by_kill:
+                return Fail(GpuJobCancelledError(f"{where} was cancelled because this task was killed."), record)
+            return Fail(
+                GpuJobCancelledError(
+                    f"{where} was CANCELLED: {record.reason or 'no reason given'}. It was stopped outside this "
+                    "task, on purpose, so Airflow does not retry it; clear the task to run it again."
+                ),
+                record,
+            )
+        if self.try_number <= self.retries:
+            next_step = f"Airflow will retry it (retry {self.try_number} of {self.retries})" + (
+                ", resuming from the latest checkpoint." if self.resumes else ", starting it again."
+            )
+        else:
+            next_step = f"No Airflow retries are left (retries={self.retries})."
+        exit_code = f" (exit code {record.exit_code})" if record.exit_code is not None else ""
+        return Fail(
+            GpuJobFailedError(
+                f"{where} ended FAILED: {record.reason or 'no reason given'}{exit_code}. This is the job's own "
+                f"error, not an interruption. {next_step}"
+            ),
+            record,
+        )
+
+    def after_interruption(self, record: AttemptRecord) -> Step:
+        where = describe(self.backend_name, record)
+        interruptions = self.interruptions()
+        budget = self.policy.max_interruptions
+        what = {
+            CAPACITY_TIMEOUT: "capacity did not come in time",
+            LOST: "the service lost the job",
+        }.get(str(record.interruption), "treated as a spot interruption")
+        if len(interruptions) > budget:
+            return Fail(
+                GpuJobInterruptionBudgetError(
+                    f"{where} ended {record.state.value}: {record.reason or 'no reason given'}. {what.capitalize()}, "
+                    f"but this task has now been interrupted {len(interruptions)} times and its interruption budget "
+                    f"(max_interruptions={budget}) is spent; not resubmitting, and Airflow does not retry this. "
+                    "Raise max_interruptions or use capacity='on_demand', then clear the task."
+                ),
+                record,
+            )
+        step = self.next_submit(delay=self.policy.backoff_delay(len(interruptions)))
+        self.note = (
+            f"{where} ended {record.state.value}: {record.reason or 'no reason given'}. {what.capitalize()}; "
+            f"resubmitting on {step.capacity} (attempt {step.attempt}, interruption {len(interruptions)} of at "
+            f"most {budget})" + (f" in {step.delay:.1f}s" if step.delay else "") + "."
+        )
+        return step
+
+    def next_submit(self, *, delay: float = 0.0) -> Submit:
+        interruptions = self.interruptions()
+        capacity = self.policy.capacity_after(interruptions) if interruptions else self.policy.first_capacity()
+        attempt = max((r.attempt for r in self.records), default=0) + 1
+        return Submit(attempt=attempt, capacity=capacity, delay=delay)
+
+    # --- hooks ---------------------------------------------------------------------------------
+    def before_submit(self, step: Submit) -> None:
+        for hook in self.before_submit_hooks:
+            hook(step, self.records)
+
+    def saw(self, record: AttemptRecord, status: JobStatus) -> None:
+        """Take a status sample into the record and show it to the hooks."""
+        record.update(status)
+        for hook in self.on_status_hooks:
+            hook(record, status)
+
+    # --- the result ----------------------------------------------------------------------------
+    def result(self, checkpoint_uri: str | None) -> dict[str, Any]:
+        """What the task returns (XCom): the job's outcome over the attempts of its current run."""
+        current = self.current
+        last = current[-1]
+        return {
+            "backend": self.backend_name,
+            "job_id": last.job_id,
+            "job_name": last.name,
+            "state": last.state.value,
+            "capacity": last.capacity,
+            "attempts": [r.public() for r in current],
+            "interruptions": sum(1 for r in current if r.interruption) + sum(r.restarts for r in current),
+            "gpu_seconds": round(sum(r.gpu_seconds for r in current), 3),
+            "checkpoint_uri": checkpoint_uri,
+            "output_uri": last.output_uri,
+        }

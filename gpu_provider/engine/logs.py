@@ -1,0 +1,148 @@
+"""One reader of an attempt's log, for the worker's wait, the trigger and the copy after a deferral.
+
+It reads the backend's log from an opaque cursor in bounded chunks, copies lines into the task
+log up to a per-attempt cap (``[gpu_provider] task_log_max_mib``), keeps reading past the cap only
+to find the output the job declared, and says plainly how much it left out and where the full log
+is. A read that fails is reported once as a warning, not once per tick.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gpu_provider.backends.base import Backend, JobHandle, provider_config
+
+#: default cap on what one attempt copies into the task log (MiB); the job's own log keeps everything
+DEFAULT_TASK_LOG_MAX_MIB = 10.0
+#: chunks read per call of :meth:`LogForwarder.pump` while the job runs (the rest comes next tick)
+CHUNKS_PER_PUMP = 8
+
+
+def task_log_cap_bytes() -> int:
+    """``[gpu_provider] task_log_max_mib`` in bytes (0: copy nothing; unset: the default)."""
+    raw = provider_config("task_log_max_mib")
+    try:
+        mib = float(raw) if raw else DEFAULT_TASK_LOG_MAX_MIB
+    except ValueError:
+        raise ValueError(
+            f"[gpu_provider] task_log_max_mib={raw!r} must be a number of MiB >= 0 "
+            f"(default {DEFAULT_TASK_LOG_MAX_MIB:g})"
+        ) from None
+    if not 0 <= mib <= 1024 * 1024:
+        raise ValueError(f"[gpu_provider] task_log_max_mib={raw!r} must be between 0 and 1048576 MiB")
+    return int(mib * 1024 * 1024)
+
+
+def declared_output(lines: list[str]) -> str | None:
+    """The last output URI declared among log lines (``declare_output`` prints a marked line)."""
+    from gpu_provider.runtime.output import OUTPUT_LINE_PREFIX
+
+    found = None
+    for line in lines:
+        if OUTPUT_LINE_PREFIX in line:
+            found = line.rpartition(OUTPUT_LINE_PREFIX)[2].strip() or found
+    return found
+
+
+class LogForwarder:
+    """Copies one attempt's log into ``log`` (the task's or the trigger's logger).
+
+    :param cap_bytes: the most bytes of log lines copied for this attempt (``None``: the configured cap)
+    :param copy: whether to copy lines at all (``False`` only scans for the declared output)
+    """
+
+    def __init__(
+        self, backend: Backend, handle: JobHandle, log: Any, *, cap_bytes: int | None = None, copy: bool = True
+    ) -> None:
+        self.backend = backend
+        self.handle = handle
+        self.log = log
+        self.copy = copy
+        self.cap_bytes = task_log_cap_bytes() if cap_bytes is None else cap_bytes
+        self.cursor: str | None = None
+        self.copied_bytes = 0
+        self.omitted_lines = 0
+        self.omitted_bytes = 0
+        self.lines_read = 0
+        #: the output URI the job declared in the lines read so far
+        self.output_uri: str | None = None
+        self._warned = False
+        self._noted = False
+
+    def pump(self, *, drain: bool = False) -> int:
+        """Read what is there now (all of it when ``drain``, else a few chunks); returns lines read."""
+        total, chunks = 0, 0
+        while True:
+            try:
+                chunk = self.backend.logs(self.handle, self.cursor)
+            except Exception as err:  # the log is a convenience: it never fails the wait, but a person must know
+                if not self._warned:
+                    self._warned = True
+                    self.log.warning(
+                        "Could not read the log of %s job %s (%s); the task log will miss its lines until a read "
+                        "works. %s",
+                        self.backend.name,
+                        self.handle.job_id,
+                        err,
+                        self._where(),
+                    )
+                return total
+            if self._warned:
+                self._warned = False
+                self.log.info("Reading the log of %s job %s works again.", self.backend.name, self.handle.job_id)
+            self.cursor = chunk.cursor
+            self._take(chunk.lines)
+            total += len(chunk.lines)
+            chunks += 1
+            if not chunk.more or (not drain and chunks >= CHUNKS_PER_PUMP):
+                return total
+
+    def _take(self, lines: list[str]) -> None:
+        self.lines_read += len(lines)
+        self.output_uri = declared_output(lines) or self.output_uri
+        if not self.copy:
+            return
+        for line in lines:
+            size = len(line.encode("utf-8", "replace")) + 1
+            if self.copied_bytes + size > self.cap_bytes:
+                self.omitted_lines += 1
+                self.omitted_bytes += size
+                continue
+            self.copied_bytes += size
+            self.log.info("[job] %s", line)
+
+    def settle(self, seconds: float | None = None) -> None:
+        """After the end: keep reading for up to ``seconds`` (default the backend's ``log_settle_s``),
+        until two reads in a row bring nothing new; then say what was left out."""
+        deadline = time.monotonic() + (self.backend.log_settle_s if seconds is None else seconds)
+        self.pump(drain=True)
+        quiet = 0
+        while time.monotonic() < deadline and quiet < 2:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            quiet = 0 if self.pump(drain=True) else quiet + 1
+            if not self.lines_read:
+                quiet = 0  # nothing at all yet: wait for the first lines until the deadline
+        self.finish()
+
+    def finish(self) -> None:
+        """Say once how much of the log was not copied, and where the whole log is."""
+        if self.omitted_lines and not self._noted:
+            self._noted = True
+            self.log.warning(
+                "%d line(s) (%.1f MiB) of %s job %s's log were not copied into the task log: the cap is %.1f MiB per "
+                "attempt ([gpu_provider] task_log_max_mib). %s",
+                self.omitted_lines,
+                self.omitted_bytes / 1048576,
+                self.backend.name,
+                self.handle.job_id,
+                self.cap_bytes / 1048576,
+                self._where(),
+            )
+
+    def _where(self) -> str:
+        try:
+            url = self.backend.logs_url(self.handle) or self.backend.console_url(self.handle)
+        except Exception:  # a link is a courtesy
+            url = None
+        return f"The full log: {url}" if url else "The job's full log stays with the backend."

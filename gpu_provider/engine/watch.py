@@ -1,0 +1,123 @@
+"""Watching one attempt: the decisions the worker's wait loop and the trigger share.
+
+Both paths receive status samples (the worker polls itself; the trigger gets them from the shared
+poller) and must decide the same things: when failed status reads mean giving up, when the job's
+new log lines are copied into the task log, and when the wait is over — the job ended, a spot
+attempt waited for capacity past its ``spot_wait_timeout``, an on-demand attempt stayed queued past
+its ``queue_timeout``, or the task's ``execution_timeout`` came.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
+from gpu_provider.engine.logs import LogForwarder
+from gpu_provider.exceptions import GpuBackendThrottledError
+from gpu_provider.names import CAPACITY_TIMEOUT, EVENT_DEADLINE, EVENT_QUEUE_TIMEOUT
+
+#: failed status reads in a row before the wait gives up (the job may still run; a retry reattaches)
+MAX_POLL_ERRORS = 20
+
+#: outcomes of :meth:`AttemptWatch.read` besides ``None`` (keep waiting)
+ENDED = "ended"
+QUEUE_TIMEOUT = EVENT_QUEUE_TIMEOUT
+DEADLINE = EVENT_DEADLINE
+
+__all__ = ["CAPACITY_TIMEOUT", "DEADLINE", "ENDED", "MAX_POLL_ERRORS", "QUEUE_TIMEOUT", "AttemptWatch"]
+
+
+class AttemptWatch:
+    """Per-attempt bookkeeping of a wait: consecutive read errors, queue reasons, the log.
+
+    :param capacity_wait: seconds a *spot* attempt may wait for capacity before it is given up
+        (``CAPACITY_TIMEOUT``: an interruption the policy absorbs); ``None``: wait forever
+    :param queue_timeout: seconds an attempt that is not covered by ``capacity_wait`` may stay
+        queued (``QUEUE_TIMEOUT``: fails the try); ``None``: wait forever
+    :param deadline: Unix time at which the task's ``execution_timeout`` ends (``DEADLINE``)
+    :param log: where the job's log lines and the warnings go (the task's or the trigger's logger)
+    :param stream_logs: copy the job's new log lines into ``log`` with every status read
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        handle: JobHandle,
+        *,
+        capacity_wait: float | None,
+        log: Any,
+        queue_timeout: float | None = None,
+        deadline: float | None = None,
+        stream_logs: bool = True,
+    ) -> None:
+        self.backend = backend
+        self.handle = handle
+        self.capacity_wait = capacity_wait
+        self.queue_timeout = queue_timeout
+        self.deadline = deadline
+        self.log = log
+        self.stream_logs = stream_logs
+        self.errors = 0
+        self.logs = LogForwarder(backend, handle, log)
+        self._queued_since: float | None = None
+        self._queue_reason = ""
+        self._left_queue = False
+
+    @property
+    def output_uri(self) -> str | None:
+        return self.logs.output_uri
+
+    def waited(self) -> float:
+        """Seconds the attempt has been waiting for capacity (since submission, or since the service
+        last put it back in the queue after a restart inside the job)."""
+        return time.time() - (self._queued_since or self.handle.submitted_at)
+
+    def failed_read(self, err: BaseException) -> str | None:
+        """Count a failed status read; return the message to give up with once there were too many in a row.
+
+        Throttling is not counted: the service answered, it only asked us to slow down.
+        """
+        if isinstance(err, GpuBackendThrottledError):
+            self.log.warning("%s; still waiting for job %s.", err, self.handle.job_id)
+            return None
+        self.errors += 1
+        if self.errors >= MAX_POLL_ERRORS:
+            return (
+                f"could not read the status of {self.backend.name} job {self.handle.job_id} "
+                f"{self.errors} times in a row; last error: {err}"
+            )
+        self.log.warning("Polling %s job %s failed (%s); trying again.", self.backend.name, self.handle.job_id, err)
+        return None
+
+    def past_deadline(self) -> bool:
+        return self.deadline is not None and time.time() >= self.deadline
+
+    def read(self, status: JobStatus) -> str | None:
+        """Take one status sample (does I/O: reads the job's new log lines).
+
+        :return: ``ENDED``, ``CAPACITY_TIMEOUT``, ``QUEUE_TIMEOUT``, ``DEADLINE`` or ``None`` to keep waiting
+        """
+        self.errors = 0
+        if self.stream_logs:
+            self.logs.pump()
+        if status.state.terminal:
+            if self.stream_logs:
+                self.logs.settle()
+            return ENDED
+        if self.past_deadline():
+            return DEADLINE
+        if status.state is not JobState.QUEUED:
+            self._queued_since, self._queue_reason, self._left_queue = None, "", True
+            return None
+        # back in the queue after it ran (a restart inside the job): the wait starts again now,
+        # unless the service says when it started
+        self._queued_since = status.queued_since or self._queued_since or (time.time() if self._left_queue else None)
+        if status.reason and status.reason != self._queue_reason:
+            self._queue_reason = status.reason
+            self.log.info("%s job %s is queued: %s", self.backend.name, self.handle.job_id, status.reason)
+        if self.capacity_wait is not None and self.waited() > self.capacity_wait:
+            return CAPACITY_TIMEOUT
+        if self.queue_timeout is not None and self.waited() > self.queue_timeout:
+            return QUEUE_TIMEOUT
+        return None

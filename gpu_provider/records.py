@@ -1,0 +1,148 @@
+"""The attempt record: one typed class for what is known about one attempt of a task instance.
+
+The operator writes records to Airflow's task state store (so a new try can reattach after a
+worker crash), hands them to the trigger's ``execute_complete`` and returns them in XCom; spend
+control, the reaper and the UI read the same class. Records are JSON dicts on the wire with a
+schema version, and :meth:`AttemptRecord.from_dict` is tolerant: a worker and a triggerer one minor
+version apart read each other's records (unknown keys are ignored, missing keys take defaults).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from typing import Any
+
+from gpu_provider.backends.base import JobHandle, JobState, JobStatus
+from gpu_provider.names import PREEMPTED
+
+#: bump when a field changes meaning; adding a field with a default needs no bump
+SCHEMA_VERSION = 2
+
+
+def _iso(ts: float | None) -> str | None:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat() if ts else None
+
+
+@dataclass
+class AttemptRecord:
+    """One attempt of a task instance's job: where it ran, how it ended, what it cost."""
+
+    attempt: int
+    handle: JobHandle
+    state: JobState = JobState.QUEUED
+    reason: str = ""
+    started_at: str | None = None
+    ended_at: str | None = None
+    resume_from: str | None = None
+    """The checkpoint the attempt was started from (``None``: fresh, or unknown for one found by lookup)."""
+    try_number: int | None = None
+    """The Airflow try that submitted the attempt (``None``: found by lookup, submitter unknown)."""
+    owner_try: int | None = None
+    """The Airflow try that owns the attempt now: only it may cancel the attempt or submit its successor."""
+    gpu_seconds: float = 0.0
+    billable_seconds: float | None = None
+    instance_type: str | None = None
+    exit_code: int | None = None
+    output_uri: str | None = None
+    interruption: str | None = None
+    """Why the attempt ended without the job's own fault (``gpu_provider.names.INTERRUPTION_KINDS``)."""
+    restarts: int = 0
+    """Interruptions the service absorbed inside the attempt by restarting the job itself."""
+    collected: bool = False
+    """A try returned the attempt's result or failed on it: a later try (a cleared task) starts anew."""
+
+    # --- identity, from the handle ---
+    @property
+    def job_id(self) -> str:
+        return self.handle.job_id
+
+    @property
+    def name(self) -> str:
+        return self.handle.name
+
+    @property
+    def capacity(self) -> str:
+        return self.handle.capacity
+
+    @property
+    def queue(self) -> str | None:
+        queue = self.handle.extra.get("queue")
+        return str(queue) if queue else None
+
+    @classmethod
+    def new(cls, handle: JobHandle, *, resume_from: str | None = None, try_number: int | None = None) -> AttemptRecord:
+        return cls(
+            attempt=handle.attempt, handle=handle, resume_from=resume_from, try_number=try_number, owner_try=try_number
+        )
+
+    def update(self, status: JobStatus) -> None:
+        """Take what a status sample says; never forget what an earlier sample knew (GPU time, output)."""
+        self.state = status.state
+        self.reason = status.reason
+        self.started_at = _iso(status.started_at) or self.started_at
+        self.ended_at = _iso(status.ended_at) or self.ended_at
+        self.gpu_seconds = round(max(self.gpu_seconds, status.gpu_seconds), 3)
+        if status.billable_seconds is not None:
+            self.billable_seconds = status.billable_seconds
+        self.instance_type = status.instance_type or self.instance_type
+        if status.exit_code is not None:
+            self.exit_code = status.exit_code
+        self.output_uri = status.output_uri or self.output_uri
+        self.restarts = max(self.restarts, status.restarts)
+        kind = status.interruption or (PREEMPTED if status.state is JobState.PREEMPTED else None)
+        if kind:
+            self.interruption = kind
+        if status.owner_try is not None:
+            self.owner_try = status.owner_try
+        self.collected = self.collected or status.collected
+
+    # --- wire form ---
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["schema"] = SCHEMA_VERSION
+        data["state"] = self.state.value
+        data["handle"] = self.handle.to_dict()
+        # derived, for readers of XCom and the UI (ignored when loading)
+        data.update(job_id=self.job_id, name=self.name, capacity=self.capacity, queue=self.queue)
+        return data
+
+    def public(self) -> dict[str, Any]:
+        """The XCom form: everything but the backend's lookup data."""
+        data = self.to_dict()
+        del data["handle"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AttemptRecord:
+        """Load a record written by this or a nearby version (schema 1 records of 0.2 load too)."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["handle"] = JobHandle.from_dict(data["handle"])
+        kwargs["attempt"] = int(data.get("attempt") or kwargs["handle"].attempt)
+        kwargs["state"] = JobState(str(data.get("state") or JobState.QUEUED.value))
+        if kwargs.get("owner_try") is None and data.get("try_number") is not None:
+            kwargs["owner_try"] = int(data["try_number"])
+        kwargs["collected"] = bool(kwargs.get("collected"))
+        kwargs["gpu_seconds"] = float(kwargs.get("gpu_seconds") or 0.0)
+        kwargs["restarts"] = int(kwargs.get("restarts") or 0)
+        return cls(**kwargs)
+
+
+def load_records(data: Any) -> list[AttemptRecord]:
+    """Records from the task state store or ``defer(kwargs=...)``; entries that are not records are skipped."""
+    if not isinstance(data, list):
+        return []
+    out = []
+    for item in data:
+        if isinstance(item, Mapping) and isinstance(item.get("handle"), Mapping):
+            try:
+                out.append(AttemptRecord.from_dict(item))
+            except (KeyError, TypeError, ValueError):
+                continue  # a damaged entry must not stop a retry; the backend lookup finds the job anyway
+    return sorted(out, key=lambda r: (r.attempt, r.handle.submitted_at))
+
+
+def dump_records(records: Iterable[AttemptRecord]) -> list[dict[str, Any]]:
+    return [r.to_dict() for r in records]
