@@ -56,7 +56,9 @@ TEMP_PREFIX = ".tmp-"
 SCHEMES = ("file", "s3")
 
 _STEP_DIGITS = 10
-_COMPLETE = re.compile(r"^ckpt-(\d+)$")
+_COMPLETE = re.compile(r"ckpt-([0-9]+)")
+#: ``LATEST`` holds a name of about 15 characters: never read more than this of it
+_LATEST_MAX_BYTES = 256
 _ALLOWED = "allowed: file://, s3://"
 
 #: set by the operator from ``Checkpoint(keep=...)``; the default of every ``keep=`` below
@@ -107,7 +109,7 @@ def checkpoint_step(name: str) -> int | None:
 
     :param name: a folder name such as ``"ckpt-0000000040"``.
     """
-    match = _COMPLETE.match(name)
+    match = _COMPLETE.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
@@ -191,6 +193,13 @@ class _Storage(ABC):
         return sorted(names, key=lambda n: (checkpoint_step(n) or 0, n))
 
 
+def _decode_latest(raw: bytes) -> str:
+    """``LATEST``'s content as text ("" when it cannot be a checkpoint name; it is never logged)."""
+    if len(raw) > _LATEST_MAX_BYTES:
+        return ""
+    return raw.decode("utf-8", errors="replace").strip()
+
+
 def _fsync_path(path: str, flags: int = os.O_RDONLY) -> None:
     try:
         fd = os.open(path, flags)
@@ -226,7 +235,8 @@ class _LocalStorage(_Storage):
 
     def read_latest(self) -> str | None:
         try:
-            return (self.root / LATEST).read_text(encoding="utf-8").strip()
+            with open(self.root / LATEST, "rb") as handle:
+                return _decode_latest(handle.read(_LATEST_MAX_BYTES + 1))
         except FileNotFoundError:
             return None
 
@@ -316,8 +326,9 @@ class _S3Storage(_Storage):
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise
-        body: bytes = response["Body"].read()
-        return body.decode("utf-8").strip()
+        body: bytes = response["Body"].read(_LATEST_MAX_BYTES + 1)
+        response["Body"].close()
+        return _decode_latest(body)
 
     def write_latest(self, name: str) -> None:
         self.client.put_object(
@@ -424,7 +435,8 @@ def _s3_errors(uri: str) -> Iterator[None]:
 def latest_checkpoint(uri: str, *, s3_client: Any = None) -> str | None:
     """The URI of the newest complete checkpoint under ``uri``, or ``None`` when there is none.
 
-    Reads ``LATEST``. When it is missing, or names a folder that does not exist, falls back to the
+    Reads ``LATEST``. When it is missing, does not hold a checkpoint folder name (a warning says it
+    is invalid, without its content), or names a folder that does not exist, falls back to the
     complete ``ckpt-`` folder with the highest step.
 
     :param uri: the checkpoint URI (``file:///...`` or ``s3://bucket/prefix``).
@@ -435,11 +447,21 @@ def latest_checkpoint(uri: str, *, s3_client: Any = None) -> str | None:
     with _s3_errors(uri):
         name = storage.read_latest()
         if name is not None:
-            if _is_folder_name(name) and not name.startswith(TEMP_PREFIX) and storage.exists(name):
+            if checkpoint_step(name) is None:
+                # Say that it is invalid, not what it holds: whatever is there is not ours to print.
+                log.warning(
+                    "%s is invalid: it does not hold a checkpoint folder name (ckpt-<step>); "
+                    "using the complete checkpoint with the highest step",
+                    _join(uri, LATEST),
+                )
+            elif storage.exists(name):
                 return _join(uri, name)
-            log.warning(
-                "%s names %r, which is not a checkpoint folder; using the highest step", _join(uri, LATEST), name
-            )
+            else:
+                log.warning(
+                    "%s names %s, which does not exist; using the complete checkpoint with the highest step",
+                    _join(uri, LATEST),
+                    name,
+                )
         complete = storage.complete()
     return _join(uri, complete[-1]) if complete else None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from collections.abc import Callable
@@ -227,3 +228,27 @@ def test_published_folder_gets_normal_permissions(uri: str, root: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     assert mode == 0o777 & ~umask
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["AKIAIOSFODNN7EXAMPLE:wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "../../etc/passwd", "x" * 100_000],
+)
+def test_invalid_latest_is_reported_without_its_content(
+    uri: str, root: Path, caplog: pytest.LogCaptureFixture, content: str
+) -> None:
+    save_checkpoint_files(uri, 4, {"m": b"4"})
+    (root / "LATEST").write_text(content + "\n")
+    with caplog.at_level(logging.DEBUG, logger="gpu_provider"):
+        assert latest_checkpoint(uri) == f"{uri}/ckpt-0000000004"
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("LATEST is invalid" in m and "checkpoint folder name" in m for m in messages), messages
+    assert not [m for m in messages if content[:20] in m]
+
+
+def test_latest_naming_a_missing_checkpoint_says_which(uri: str, root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    save_checkpoint_files(uri, 4, {"m": b"4"})
+    (root / "LATEST").write_text("ckpt-0000000042\n")
+    with caplog.at_level(logging.WARNING, logger="gpu_provider"):
+        assert latest_checkpoint(uri) == f"{uri}/ckpt-0000000004"
+    assert "ckpt-0000000042, which does not exist" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,16 @@ def test_client_is_created_lazily_from_the_environment(
     saved = save_checkpoint_files(uri, 8, {"m": b"8"})
     assert latest_checkpoint(uri) == saved
     assert s3_client.get_object(Bucket=bucket, Key="lazy/ckpt-0000000008/m")["Body"].read() == b"8"
+
+
+def test_invalid_latest_is_reported_without_its_content(
+    s3_client: Any, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    uri = f"s3://{bucket}/p"
+    save_checkpoint_files(uri, 4, {"m": b"4"}, s3_client=s3_client)
+    secret = "ghp_16C7e42F292c6912E7710c838347Ae178B4a"
+    s3_client.put_object(Bucket=bucket, Key="p/LATEST", Body=secret.encode())
+    with caplog.at_level(logging.DEBUG, logger="gpu_provider"):
+        assert latest_checkpoint(uri, s3_client=s3_client) == f"{uri}/ckpt-0000000004"
+    assert "LATEST is invalid" in caplog.text
+    assert secret not in caplog.text
