@@ -29,7 +29,9 @@ def _record(attempt: int, capacity: str = "spot", state: JobState = JobState.QUE
     return record
 
 
-def _engine(records: list[AttemptRecord], policy: object = None, try_number: int = 1, retries: int = 0) -> AttemptEngine:
+def _engine(
+    records: list[AttemptRecord], policy: object = None, try_number: int = 1, retries: int = 0
+) -> AttemptEngine:
     return AttemptEngine(
         policy or SpotFallback(backoff=0),  # type: ignore[arg-type]
         records,
@@ -110,7 +112,7 @@ def test_a_jobs_own_failure_goes_to_airflow_retries_but_deliberate_stops_are_fin
 
 
 def test_a_try_that_lost_its_attempt_to_a_later_try_stops_without_resubmitting() -> None:
-    """Issue 18.1: if the job is interrupted while a zombie and its successor both watch it, only the owner resubmits."""
+    """Issue 18.1: a job interrupted while a zombie try and its successor both watch it: only the owner resubmits."""
     preempted = _record(1, state=JobState.PREEMPTED, interruption=names.PREEMPTED, owner_try=2)
     zombie = _engine([preempted], try_number=1).ended(preempted)
     assert isinstance(zombie, Fail) and isinstance(zombie.error, GpuJobCancelledError)
