@@ -169,6 +169,6 @@ def test_capacity_timeout_for_spot_job_that_never_starts(tmp_path: Path) -> None
         event = asyncio.run(_first_event(trigger))
         assert event["status"] == "capacity_timeout"
         assert event["job_status"]["state"] == "QUEUED"
-        assert "spot_wait_timeout=1s" in event["message"]
+        assert "(capacity_timeout)" in event["message"]
     finally:
         _cleanup(be, [hog, spot])
