@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gpu_provider import GpuResources, SpotFallback
+from gpu_provider import GpuResources
 from gpu_provider.backends.base import JobIdentity, JobRequest, JobState, TaskKey, resolve_backend
 from gpu_provider.backends.batch import (
     CANCEL_PREFIX,
@@ -19,7 +19,6 @@ from gpu_provider.backends.batch import (
     console_log_url,
     refine_failure,
 )
-from gpu_provider.operators import GpuJobOperator
 
 QUEUES = {"spot_queue": "gpu-spot", "on_demand_queue": "gpu-on-demand"}
 
@@ -90,25 +89,42 @@ def test_failed_jobs_are_read_for_preemption_and_cancel(job: dict, state: JobSta
     assert reason in got_reason
 
 
+def _validate(
+    backend: object = None,
+    *,
+    resources: GpuResources | None = None,
+    capacity: str = "on-demand",
+    multi_capacity: bool = False,
+    priority: int | None = None,
+    max_runtime_s: float | None = None,
+    image: str | None = "img",
+) -> None:
+    """What the operator does at parse time: resolve the backend, validate the spec and the image."""
+    resolved = resolve_backend(backend or {"name": "batch", **QUEUES})
+    resolved.validate(
+        resources or GpuResources(),
+        capacity,
+        multi_capacity=multi_capacity,
+        priority=priority,
+        max_runtime_s=max_runtime_s,
+    )
+    resolved.validate_image(image)
+
+
 def test_multi_node_on_spot_is_refused_at_parse_time_with_what_to_use_instead() -> None:
     with pytest.raises(ValueError, match=r"resources.nodes=2 with spot capacity.*capacity='on_demand'"):
-        GpuJobOperator(
-            task_id="t",
-            command=["x"],
-            image="img",
-            backend={"name": "batch", **QUEUES},
-            resources=GpuResources(gpus=8, nodes=2),
-            capacity=SpotFallback(),
-        )
-    # on-demand multi-node is fine
-    GpuJobOperator(
-        task_id="t",
-        command=["x"],
-        image="img",
-        backend={"name": "batch", **QUEUES},
-        resources=GpuResources(gpus=8, nodes=2),
-        capacity="on_demand",
-    )
+        _validate(resources=GpuResources(gpus=8, nodes=2), capacity="spot", multi_capacity=True)
+    with pytest.raises(ValueError, match=r"resources.nodes=2 with spot capacity"):
+        _validate(resources=GpuResources(gpus=8, nodes=2), capacity="on-demand", multi_capacity=True)
+    _validate(resources=GpuResources(gpus=8, nodes=2), capacity="on-demand")  # on-demand multi-node is fine
+
+
+def test_capabilities_declare_what_batch_cannot_run() -> None:
+    caps = BatchBackend.capabilities
+    assert (caps.multi_node_spot, caps.fractional_gpus, caps.instance_types) == (False, False, False)
+    assert (caps.image_required, caps.unique_names) == (True, False)
+    assert (caps.priority_range, caps.min_runtime_s) == ((0, 9999), 60)
+    assert BatchBackend.service == "AWS Batch"
 
 
 @pytest.mark.parametrize(
@@ -118,19 +134,18 @@ def test_multi_node_on_spot_is_refused_at_parse_time_with_what_to_use_instead() 
         ({"backend": {"name": "batch", "spot_queue": "q"}}, "no on_demand_queue"),
         ({"image": None}, "image=None"),
         ({"resources": GpuResources(gpus=0.5)}, r"resources.gpus=0.5.*whole GPUs"),
-        ({"resources": GpuResources(instance_types=("g5.xlarge",))}, "compute environment behind the job queue"),
-        ({"priority": 10000}, r"priority=10000.*0-9999"),
-        ({"max_runtime": 30}, r"max_runtime=30s.*60s"),
+        ({"resources": GpuResources(instance_types=("g5.xlarge",))}, r"instance_types=\['g5.xlarge'\]"),
+        ({"priority": 10000}, r"priority=10000.*0 to 9999"),
+        ({"max_runtime_s": 30}, r"max_runtime=30s.*60s"),
         ({"backend": {"name": "batch", **QUEUES, "master_port": "http"}}, "master_port='http'"),
         ({"backend": {"name": "batch", **QUEUES, "secrets": {"HF_TOKEN": "hf_abcdef"}}}, "must be the ARN"),
         ({"backend": {"name": "batch", **QUEUES, "share_identifier": "ml-infra"}}, "share_identifier='ml-infra'"),
-        ({"backend": {"name": "batch", **QUEUES, "queue": "x"}}, "bad options for the 'batch' backend"),
+        ({"backend": {"name": "batch", **QUEUES, "queue": "x"}}, "unknown option"),
     ],
 )
 def test_bad_batch_input_is_refused_at_parse_time(kwargs: dict, match: str) -> None:
-    args = {"task_id": "t", "command": ["x"], "image": "img", "backend": {"name": "batch", **QUEUES}, **kwargs}
     with pytest.raises((ValueError, TypeError), match=match) as err:
-        GpuJobOperator(**args)
+        _validate(**kwargs)
     assert "hf_abcdef" not in str(err.value), "a secret value must never be echoed"
 
 

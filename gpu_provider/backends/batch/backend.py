@@ -9,24 +9,11 @@ Capacity is chosen by queue: spot attempts go to ``spot_queue``, on-demand attem
 ``on_demand_queue``. Batch cannot run multi-node parallel jobs on spot compute environments, so a
 multi-node job that may run on spot is refused when the DAG is parsed.
 
-States (one table, :data:`STATE_TABLE`): SUBMITTED, PENDING and RUNNABLE are ``QUEUED``; STARTING,
-RUNNING, SUCCEEDED and FAILED map to themselves. A FAILED job is read further:
-
-* its status reason starts with :data:`CANCEL_PREFIX` (this provider terminated it): ``CANCELLED``;
-* its status reason, or its last attempt's, matches :data:`PREEMPTION_PATTERNS` (the host was
-  terminated or reclaimed, e.g. ``Host EC2 (instance i-0abc) terminated.``): ``PREEMPTED``;
-* anything else (the container exited non-zero, the attempt timed out): ``FAILED``.
-
-Batch has no structured "spot interruption" field; the status reason is what its own
-``evaluateOnExit`` retry rules match on (``onStatusReason: "Host EC2*"``), and so do we.
-
-Status reads are batched: :meth:`BatchBackend.poll` asks DescribeJobs for up to 100 jobs per call.
-Throttling (``TooManyRequestsException``) is retried with full-jitter backoff and, if it persists,
-reported as :class:`~gpu_provider.exceptions.GpuBackendThrottledError`, which a waiting task
-never counts as a failure.
-
-boto3 is imported only when a client is first needed, through the amazon provider's
-``AwsBaseHook`` (credentials, region and endpoint from the Airflow connection).
+What Batch's answers mean is in :mod:`gpu_provider.backends.batch.mapping`. Status reads are
+batched: :meth:`BatchBackend.poll` asks DescribeJobs for up to 100 jobs per call. Throttling
+(``TooManyRequestsException``) is retried with full-jitter backoff and, if it persists, reported as
+:class:`~gpu_provider.exceptions.GpuBackendThrottledError`, which a waiting task never counts as a
+failure.
 """
 
 from __future__ import annotations
@@ -35,16 +22,15 @@ import hashlib
 import json
 import logging
 import math
-import random
 import re
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
-from urllib.parse import quote
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from gpu_provider import names
 from gpu_provider.backends.base import (
     Backend,
+    Capabilities,
     JobHandle,
     JobRequest,
     JobState,
@@ -54,40 +40,26 @@ from gpu_provider.backends.base import (
     map_state,
     provider_config,
 )
-from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError
-from gpu_provider.job import GpuResources
+from gpu_provider.backends.batch.calls import Clients, call
+from gpu_provider.backends.batch.mapping import (
+    CANCEL_PREFIX,
+    STATE_TABLE,
+    console_log_url,
+    definition_name,
+    exit_code,
+    job_gpus,
+    job_nodes,
+    refine_failure,
+    seconds_from_ms,
+    tag_number,
+)
+from gpu_provider.exceptions import GpuJobError
+from gpu_provider.job import GpuResources, to_bool
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-#: Batch job states and what they mean for the operator (FAILED is refined by :func:`refine_failure`)
-STATE_TABLE: dict[str, JobState] = {
-    "SUBMITTED": JobState.QUEUED,
-    "PENDING": JobState.QUEUED,
-    "RUNNABLE": JobState.QUEUED,
-    "STARTING": JobState.STARTING,
-    "RUNNING": JobState.RUNNING,
-    "SUCCEEDED": JobState.SUCCEEDED,
-    "FAILED": JobState.FAILED,
-}
-
-#: status reasons meaning the host went away under the job (spot reclaim, instance terminated):
-#: the attempt is PREEMPTED and resumes from its checkpoint instead of failing the task
-PREEMPTION_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(r"^Host EC2 \(instance [^)]*\) terminated", re.IGNORECASE),
-    re.compile(r"spot instance .*(interrupt|reclaim|terminat)", re.IGNORECASE),
-    re.compile(r"^Task failed to start.*(instance|host).*(terminat|reclaim)", re.IGNORECASE),
-)
-
-#: prefix of the reason this provider gives TerminateJob; a job that ended with it is CANCELLED
-CANCEL_PREFIX = "gpu-provider: "
-
-#: Batch's error codes for request throttling
-THROTTLING_CODES = frozenset({"TooManyRequestsException", "ThrottlingException", "Throttling"})
 
 #: most job ids per DescribeJobs call (a Batch limit)
 DESCRIBE_BATCH = 100
@@ -123,64 +95,6 @@ def _text_option(option: str, value: Any, *, config_key: str | None = None, defa
     return text or default
 
 
-def _bool_option(option: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes", "no"):
-        return value.strip().lower() in ("true", "1", "yes")
-    raise ValueError(f"{option}={value!r} must be true or false")
-
-
-def is_preemption(reason: str) -> bool:
-    """Whether a Batch status reason says the host was terminated or reclaimed under the job."""
-    return any(p.search(reason) for p in PREEMPTION_PATTERNS)
-
-
-def refine_failure(job: Mapping[str, Any]) -> tuple[JobState, str]:
-    """FAILED -> CANCELLED (we terminated it), PREEMPTED (host reclaimed) or FAILED, with the reason."""
-    reason = str(job.get("statusReason") or "")
-    if reason.startswith(CANCEL_PREFIX):
-        return JobState.CANCELLED, reason[len(CANCEL_PREFIX) :]
-    attempts = job.get("attempts") or []
-    last = attempts[-1] if attempts else {}
-    candidates = [reason, str(last.get("statusReason") or ""), str((last.get("container") or {}).get("reason") or "")]
-    for candidate in candidates:
-        if candidate and is_preemption(candidate):
-            return JobState.PREEMPTED, candidate
-    container_reason = str((last.get("container") or job.get("container") or {}).get("reason") or "")
-    details = [r for r in (reason, container_reason) if r]
-    if "attempt duration exceeded timeout" in reason.lower():
-        details.append("the attempt ran past max_runtime (timeout.attemptDurationSeconds)")
-    # the exit code is reported separately (JobStatus.exit_code)
-    return JobState.FAILED, "; ".join(dict.fromkeys(details)) or "no reason given"
-
-
-def _exit_code(job: Mapping[str, Any]) -> int | None:
-    attempts = job.get("attempts") or []
-    for source in ((attempts[-1].get("container") if attempts else None), job.get("container")):
-        if source and source.get("exitCode") is not None:
-            return int(source["exitCode"])
-    return None
-
-
-def _seconds_from_ms(value: Any) -> float | None:
-    return float(value) / 1000.0 if value else None
-
-
-def console_log_url(region: str, group: str, stream: str | None = None, *, stream_prefix: str | None = None) -> str:
-    """A CloudWatch console link to a log stream (or to a log group filtered by stream prefix)."""
-
-    def enc(text: str) -> str:
-        # the console's fragment encoding: URL-encode twice, then '%' -> '$'
-        return quote(quote(text, safe=""), safe="").replace("%", "$")
-
-    base = f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logsV2:log-groups/log-group/"
-    if stream:
-        return f"{base}{enc(group)}/log-events/{enc(stream)}"
-    suffix = "$3FlogStreamNameFilter$3D" + enc(stream_prefix) if stream_prefix else ""
-    return f"{base}{enc(group)}{suffix}"
-
-
 class BatchBackend(Backend):
     """Runs each attempt as an AWS Batch job: spot attempts on one job queue, on-demand on another.
 
@@ -208,6 +122,16 @@ class BatchBackend(Backend):
     """
 
     name: ClassVar[str] = "batch"
+    service: ClassVar[str] = "AWS Batch"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        multi_node_spot=False,  # Batch runs multi-node parallel jobs on EC2 (on-demand) compute environments only
+        fractional_gpus=False,
+        instance_types=False,  # the compute environment behind the queue decides
+        image_required=True,
+        unique_names=False,  # Batch accepts two jobs with one name: submit() looks the name up first
+        priority_range=PRIORITY_RANGE,  # schedulingPriorityOverride on fair-share queues
+        min_runtime_s=MIN_ATTEMPT_SECONDS,  # timeout.attemptDurationSeconds
+    )
     default_poll_interval: ClassVar[float] = 30.0
     #: many deferred tasks share one triggerer: reading every job's CloudWatch stream every tick
     #: would cost one call per job per tick, so the worker copies an attempt's log when it ends
@@ -259,11 +183,11 @@ class BatchBackend(Backend):
         if not 1 <= port <= 65535:
             raise ValueError(f"master_port={master_port!r} must be a TCP port number (1-65535)")
         self.master_port = port
-        self.multi_node_entry = _bool_option("multi_node_entry", multi_node_entry)
+        self.multi_node_entry = to_bool("multi_node_entry", multi_node_entry)
 
-        self._lock = threading.Lock()
-        self._clients: dict[str, BaseClient] = {}
-        self._resolved_region: str | None = None
+        self._clients = Clients(self.aws_conn_id or "aws_default", self.region_name)
+        # caches of facts that never change; plain dict reads and writes (atomic), no lock: cancel()
+        # runs in a signal handler and must never wait for one
         self._fair_share: dict[str, bool] = {}
         self._definitions: dict[str, str] = {}
         self._log_streams: dict[str, list[tuple[str, str]]] = {}
@@ -322,111 +246,44 @@ class BatchBackend(Backend):
         priority: int | None = None,
         max_runtime_s: float | None = None,
     ) -> None:
-        capacities = {capacity, "on-demand" if capacity == "spot" else "spot"} if multi_capacity else {capacity}
-        if resources.nodes > 1 and "spot" in capacities:
-            raise ValueError(
-                f"resources.nodes={resources.nodes} with spot capacity: AWS Batch cannot run multi-node parallel "
-                "jobs on spot compute environments. Use capacity='on_demand' for this multi-node job, or "
-                "resources.nodes=1 (one node with several GPUs) to run on spot."
-            )
-        for needed in sorted(capacities):
-            option = "spot_queue" if needed == "spot" else "on_demand_queue"
+        super().validate(
+            resources, capacity, multi_capacity=multi_capacity, priority=priority, max_runtime_s=max_runtime_s
+        )
+        other = names.ON_DEMAND if capacity == names.SPOT else names.SPOT
+        for needed in sorted({capacity, other} if multi_capacity else {capacity}):
+            option = "spot_queue" if needed == names.SPOT else "on_demand_queue"
             if not getattr(self, option):
                 raise ValueError(
                     f"the batch backend has no {option} but capacity may use {needed}: set "
                     f"[gpu_provider] batch_{option} or pass backend={{'name': 'batch', '{option}': '<job queue>'}}"
                 )
-        if resources.fractional:
-            raise ValueError(
-                f"resources.gpus={resources.gpus!r}: AWS Batch gives jobs whole GPUs; use gpus=1 or more "
-                "(or the local or kubernetes backend to share a GPU)"
-            )
-        if resources.instance_types:
-            raise ValueError(
-                f"resources.instance_types={list(resources.instance_types)!r}: on AWS Batch the compute "
-                "environment behind the job queue decides the instance types; choose them there and pick the "
-                "queue with spot_queue/on_demand_queue"
-            )
-        if priority is not None and not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-            raise ValueError(
-                f"priority={priority!r}: on the batch backend the priority is Batch's schedulingPriorityOverride "
-                f"on fair-share queues, which must be {PRIORITY_RANGE[0]}-{PRIORITY_RANGE[1]}"
-            )
-        if max_runtime_s is not None and max_runtime_s < MIN_ATTEMPT_SECONDS:
-            raise ValueError(
-                f"max_runtime={max_runtime_s:g}s: AWS Batch's shortest attempt timeout is {MIN_ATTEMPT_SECONDS}s"
-            )
-
-    def validate_image(self, image: str | None) -> None:
-        if not image:
-            raise ValueError(
-                "image=None: the batch backend runs the job in a container; pass image='<registry>/<repo>:<tag>' "
-                "(e.g. an ECR image with your code and CUDA)"
-            )
 
     # --- clients ----------------------------------------------------------------------------
 
     def _client(self, service: str) -> BaseClient:
-        with self._lock:
-            client = self._clients.get(service)
-            if client is None:
-                from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-                from botocore.config import Config
-
-                hook = AwsBaseHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name, client_type=service)
-                # botocore retries throttled and transient calls itself; poll() adds its own backoff on top
-                config = hook.config.merge(Config(retries={"mode": "standard", "max_attempts": 3}))
-                client = hook.get_client_type(region_name=hook.region_name, config=config)
-                self._clients[service] = client
-                self._resolved_region = client.meta.region_name
-        return client
+        return self._clients.get(service)
 
     @property
     def region(self) -> str:
         """The region the clients talk to (the option, else the connection's)."""
-        if self.region_name:
-            return self.region_name
-        if self._resolved_region is None:
-            self._client("batch")
-        return self._resolved_region or "us-east-1"
-
-    def _call(self, what: str, fn: Callable[[], T], *, attempts: int = 6) -> T:
-        """Run one API call, backing off with full jitter while Batch throttles it."""
-        from botocore.exceptions import ClientError
-
-        for attempt in range(1, attempts + 1):
-            try:
-                return fn()
-            except ClientError as err:
-                code = str(err.response.get("Error", {}).get("Code", ""))
-                if code not in THROTTLING_CODES:
-                    raise
-                if attempt == attempts:
-                    raise GpuBackendThrottledError(
-                        f"AWS Batch throttled {what} {attempts} times in a row ({code}); will try again"
-                    ) from err
-                delay = random.uniform(0, min(8.0, 0.25 * 2**attempt))
-                log.debug("%s throttled (%s); retrying in %.2fs", what, code, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        return self._clients.region
 
     # --- queues and job definitions -----------------------------------------------------------
 
     def _queue(self, capacity: str) -> str:
-        queue = self.spot_queue if capacity == "spot" else self.on_demand_queue
+        queue = self.spot_queue if capacity == names.SPOT else self.on_demand_queue
         if not queue:
-            option = "spot_queue" if capacity == "spot" else "on_demand_queue"
+            option = "spot_queue" if capacity == names.SPOT else "on_demand_queue"
             raise ValueError(f"the batch backend has no {option}; set [gpu_provider] batch_{option}")
         return queue
 
     def _is_fair_share(self, queue: str) -> bool:
         """Whether the queue has a scheduling policy (then Batch requires shareIdentifier, else rejects it)."""
-        with self._lock:
-            known = self._fair_share.get(queue)
+        known = self._fair_share.get(queue)
         if known is not None:
             return known
         client = self._client("batch")
-        found = self._call("DescribeJobQueues", lambda: client.describe_job_queues(jobQueues=[queue]))
+        found = call("DescribeJobQueues", lambda: client.describe_job_queues(jobQueues=[queue]))
         queues = found.get("jobQueues") or []
         if not queues:
             raise GpuJobError(
@@ -437,8 +294,7 @@ class BatchBackend(Backend):
         if info.get("state") == "DISABLED":
             raise GpuJobError(f"AWS Batch job queue {queue!r} is DISABLED; enable it or use another queue")
         fair = bool(info.get("schedulingPolicyArn"))
-        with self._lock:
-            self._fair_share[queue] = fair
+        self._fair_share[queue] = fair
         return fair
 
     def job_definition(self, request: JobRequest) -> dict[str, Any]:
@@ -482,20 +338,19 @@ class BatchBackend(Backend):
         task = request.identity.task
         body["jobDefinitionName"] = f"gp-{_slug(task.dag_id, 40)}-{_slug(task.task_id, 40)}-{digest}"
         body["tags"] = {
-            "gpu-provider/dag-id": task.dag_id[:256],
-            "gpu-provider/task-id": task.task_id[:256],
+            names.TAG_DAG_ID: task.dag_id[:256],
+            names.TAG_TASK_ID: task.task_id[:256],
             "gpu-provider/spec-hash": digest,
         }
         return body
 
     def _definition_arn(self, body: dict[str, Any]) -> str:
         name = str(body["jobDefinitionName"])
-        with self._lock:
-            arn = self._definitions.get(name)
+        arn = self._definitions.get(name)
         if arn:
             return arn
         client = self._client("batch")
-        found = self._call(
+        found = call(
             "DescribeJobDefinitions",
             lambda: client.describe_job_definitions(jobDefinitionName=name, status="ACTIVE"),
         )
@@ -504,11 +359,10 @@ class BatchBackend(Backend):
             arn = str(revisions[-1]["jobDefinitionArn"])
             log.info("Reusing Batch job definition %s (content unchanged).", arn)
         else:
-            registered = self._call("RegisterJobDefinition", lambda: client.register_job_definition(**body))
+            registered = call("RegisterJobDefinition", lambda: client.register_job_definition(**body))
             arn = str(registered["jobDefinitionArn"])
             log.info("Registered Batch job definition %s.", arn)
-        with self._lock:
-            self._definitions[name] = arn
+        self._definitions[name] = arn
         return arn
 
     # --- the contract --------------------------------------------------------------------------
@@ -524,7 +378,7 @@ class BatchBackend(Backend):
             env.update({"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
         environment = [{"name": k, "value": v} for k, v in sorted(env.items())]
         tags = {k: v[:256] for k, v in identity.tags().items()}
-        tags["gpu-provider/gpus"] = f"{request.resources.total_gpus:g}"  # all nodes: for GPU-hours and cost
+        tags[names.TAG_GPUS] = f"{request.resources.total_gpus:g}"  # all nodes: for GPU-hours and cost
         if request.resources.gpu_type:
             tags["gpu-provider/gpu-type"] = request.resources.gpu_type
         body: dict[str, Any] = {
@@ -581,7 +435,7 @@ class BatchBackend(Backend):
         unique = list(dict.fromkeys(job_ids))
         for start in range(0, len(unique), DESCRIBE_BATCH):
             chunk = unique[start : start + DESCRIBE_BATCH]
-            found = self._call("DescribeJobs", lambda chunk=chunk: client.describe_jobs(jobs=chunk))  # type: ignore[misc]
+            found = call("DescribeJobs", lambda chunk=chunk: client.describe_jobs(jobs=chunk))  # type: ignore[misc]
             jobs.extend(found.get("jobs") or [])
         return jobs
 
@@ -601,16 +455,16 @@ class BatchBackend(Backend):
             state, reason = refine_failure(job)
         elif state is JobState.SUCCEEDED:
             reason = ""  # Batch says "Essential container in task exited" on success too: no news
-        started = _seconds_from_ms(job.get("startedAt"))
-        ended = _seconds_from_ms(job.get("stoppedAt")) if state.terminal else None
-        gpus = float(handle.extra.get("gpus") or _job_gpus(job))
+        started = seconds_from_ms(job.get("startedAt"))
+        ended = seconds_from_ms(job.get("stoppedAt")) if state.terminal else None
+        gpus = float(handle.extra.get("gpus") or job_gpus(job))
         gpu_seconds = gpus * max(0.0, (ended or time.time()) - started) if started else 0.0
         stream = str((job.get("container") or {}).get("logStreamName") or "")
         log_url = console_log_url(self.region, self.log_group, stream) if stream else None
         return JobStatus(
             state=state,
             reason=reason,
-            exit_code=_exit_code(job),
+            exit_code=exit_code(job),
             started_at=started,
             ended_at=ended,
             gpu_seconds=gpu_seconds,
@@ -620,7 +474,7 @@ class BatchBackend(Backend):
     def cancel(self, handle: JobHandle, reason: str) -> None:
         client = self._client("batch")
         text = (CANCEL_PREFIX + reason)[:1024]
-        self._call("TerminateJob", lambda: client.terminate_job(jobId=handle.job_id, reason=text))
+        call("TerminateJob", lambda: client.terminate_job(jobId=handle.job_id, reason=text))
 
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt of the task instance in either queue, found by job name (ListJobs JOB_NAME filter)."""
@@ -636,7 +490,7 @@ class BatchBackend(Backend):
                 }
                 if token:
                     kwargs["nextToken"] = token
-                page = self._call("ListJobs", lambda kwargs=kwargs: client.list_jobs(**kwargs))  # type: ignore[misc]
+                page = call("ListJobs", lambda kwargs=kwargs: client.list_jobs(**kwargs))  # type: ignore[misc]
                 for summary in page.get("jobSummaryList") or []:
                     name = str(summary.get("jobName") or "")
                     match = _JOB_NAME.search(name)
@@ -655,11 +509,11 @@ class BatchBackend(Backend):
             job = details.get(job_id, {})
             tags = job.get("tags") or {}
             if (
-                tags.get("gpu-provider/dag-id", task.dag_id[:256]) != task.dag_id[:256]
-                or tags.get("gpu-provider/task-id", task.task_id[:256]) != task.task_id[:256]
+                tags.get(names.TAG_DAG_ID, task.dag_id[:256]) != task.dag_id[:256]
+                or tags.get(names.TAG_TASK_ID, task.task_id[:256]) != task.task_id[:256]
             ):
                 continue  # a name collision with another task (the tags are the full ids)
-            capacity = tags.get("gpu-provider/capacity") or ("spot" if queue == self.spot_queue else "on-demand")
+            capacity = tags.get(names.TAG_CAPACITY) or (names.SPOT if queue == self.spot_queue else names.ON_DEMAND)
             handles.append(
                 JobHandle(
                     backend=self.name,
@@ -667,13 +521,13 @@ class BatchBackend(Backend):
                     name=str(summary["jobName"]),
                     attempt=int(match.group(2)),
                     capacity=str(capacity),
-                    submitted_at=_seconds_from_ms(summary.get("createdAt")) or time.time(),
+                    submitted_at=seconds_from_ms(summary.get("createdAt")) or time.time(),
                     extra={
                         "queue": queue,
                         "region": self.region,
-                        "job_definition": _definition_name(job),
-                        "gpus": _tag_number(tags, "gpu-provider/gpus") or _job_gpus(job),
-                        "nodes": _job_nodes(job),
+                        "job_definition": definition_name(job),
+                        "gpus": tag_number(tags, names.TAG_GPUS) or job_gpus(job),
+                        "nodes": job_nodes(job),
                     },
                 )
             )
@@ -683,8 +537,7 @@ class BatchBackend(Backend):
 
     def _streams(self, handle: JobHandle) -> list[tuple[str, str]]:
         """(label, log stream) of each node of an attempt; empty until the job has started."""
-        with self._lock:
-            known = self._log_streams.get(handle.job_id)
+        known = self._log_streams.get(handle.job_id)
         if known:
             return known
         nodes = int(handle.extra.get("nodes") or 1)
@@ -697,8 +550,7 @@ class BatchBackend(Backend):
                 streams.append((label, str(stream)))
         complete = len(streams) == len(ids)
         if complete:
-            with self._lock:
-                self._log_streams[handle.job_id] = streams
+            self._log_streams[handle.job_id] = streams
         return streams
 
     def logs(self, handle: JobHandle, since: int = 0) -> tuple[list[str], int]:
@@ -707,8 +559,7 @@ class BatchBackend(Backend):
         if not streams:
             return [], since
         client = self._client("logs")
-        with self._lock:
-            cursors = self._log_cursors.pop((handle.job_id, since), None)
+        cursors = self._log_cursors.pop((handle.job_id, since), None)
         skip = 0
         if cursors is None:
             cursors, skip = {}, since  # another process read the first lines: read again and skip them
@@ -719,7 +570,7 @@ class BatchBackend(Backend):
                 kwargs: dict[str, Any] = {"logGroupName": self.log_group, "logStreamName": stream}
                 kwargs.update({"nextToken": token} if token else {"startFromHead": True})
                 try:
-                    page = self._call("GetLogEvents", lambda kwargs=kwargs: client.get_log_events(**kwargs))  # type: ignore[misc]
+                    page = call("GetLogEvents", lambda kwargs=kwargs: client.get_log_events(**kwargs))  # type: ignore[misc]
                 except Exception as err:
                     if "ResourceNotFoundException" in str(err):
                         break  # the stream is created when the container writes its first line
@@ -732,8 +583,7 @@ class BatchBackend(Backend):
             cursors[stream] = token
         lines = lines[skip:]
         position = since + len(lines)
-        with self._lock:
-            self._log_cursors[(handle.job_id, position)] = cursors
+        self._log_cursors[(handle.job_id, position)] = cursors
         return lines, position
 
     def console_url(self, handle: JobHandle) -> str | None:
@@ -745,37 +595,3 @@ class BatchBackend(Backend):
         region = str(handle.extra.get("region") or self.region)
         definition = handle.extra.get("job_definition")
         return console_log_url(region, self.log_group, stream_prefix=f"{definition}/" if definition else None)
-
-
-def _job_gpus(job: Mapping[str, Any]) -> float:
-    """Total GPUs of a described job (all nodes)."""
-
-    def gpus_of(container: Mapping[str, Any] | None) -> float:
-        for req in (container or {}).get("resourceRequirements") or []:
-            if req.get("type") == "GPU":
-                return float(req.get("value") or 0)
-        return 0.0
-
-    if job.get("nodeProperties"):
-        ranges = job["nodeProperties"].get("nodeRangeProperties") or []
-        per_node = gpus_of(ranges[0].get("container")) if ranges else 0.0
-        return per_node * _job_nodes(job)
-    return gpus_of(job.get("container"))
-
-
-def _tag_number(tags: Mapping[str, Any], key: str) -> float | None:
-    try:
-        return float(tags[key])
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _job_nodes(job: Mapping[str, Any]) -> int:
-    props = job.get("nodeProperties") or {}
-    return int(props.get("numNodes") or 1)
-
-
-def _definition_name(job: Mapping[str, Any]) -> str | None:
-    arn = str(job.get("jobDefinition") or "")
-    # arn:aws:batch:<region>:<account>:job-definition/<name>:<revision>
-    return arn.rpartition("/")[2].rpartition(":")[0] or None

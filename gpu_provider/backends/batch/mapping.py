@@ -1,0 +1,136 @@
+"""What AWS Batch's answers mean: its job states, status reasons and job fields, read into a
+:class:`~gpu_provider.backends.base.JobStatus`. Pure functions, no client.
+
+States (one table, :data:`STATE_TABLE`): SUBMITTED, PENDING and RUNNABLE are ``QUEUED``; STARTING,
+RUNNING, SUCCEEDED and FAILED map to themselves. A FAILED job is read further by :func:`refine_failure`:
+
+* its status reason starts with :data:`~gpu_provider.names.CANCEL_PREFIX` (this provider terminated
+  it): ``CANCELLED``;
+* its status reason, or its last attempt's, matches :data:`PREEMPTION_PATTERNS` (the host was
+  terminated or reclaimed, e.g. ``Host EC2 (instance i-0abc) terminated.``): ``PREEMPTED``;
+* anything else (the container exited non-zero, the attempt timed out): ``FAILED``.
+
+Batch has no structured "spot interruption" field; the status reason is what its own
+``evaluateOnExit`` retry rules match on (``onStatusReason: "Host EC2*"``), and so do we.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from gpu_provider import names
+from gpu_provider.backends.base import JobState
+
+#: Batch job states and what they mean for the operator (FAILED is refined by :func:`refine_failure`)
+STATE_TABLE: dict[str, JobState] = {
+    "SUBMITTED": JobState.QUEUED,
+    "PENDING": JobState.QUEUED,
+    "RUNNABLE": JobState.QUEUED,
+    "STARTING": JobState.STARTING,
+    "RUNNING": JobState.RUNNING,
+    "SUCCEEDED": JobState.SUCCEEDED,
+    "FAILED": JobState.FAILED,
+}
+
+#: status reasons meaning the host went away under the job (spot reclaim, instance terminated):
+#: the attempt is PREEMPTED and resumes from its checkpoint instead of failing the task
+PREEMPTION_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^Host EC2 \(instance [^)]*\) terminated", re.IGNORECASE),
+    re.compile(r"spot instance .*(interrupt|reclaim|terminat)", re.IGNORECASE),
+    re.compile(r"^Task failed to start.*(instance|host).*(terminat|reclaim)", re.IGNORECASE),
+)
+
+#: the reason this provider gives TerminateJob starts with this; a job that ended with it is CANCELLED
+CANCEL_PREFIX = names.CANCEL_PREFIX
+
+
+def is_preemption(reason: str) -> bool:
+    """Whether a Batch status reason says the host was terminated or reclaimed under the job."""
+    return any(p.search(reason) for p in PREEMPTION_PATTERNS)
+
+
+def refine_failure(job: Mapping[str, Any]) -> tuple[JobState, str]:
+    """FAILED -> CANCELLED (we terminated it), PREEMPTED (host reclaimed) or FAILED, with the reason."""
+    reason = str(job.get("statusReason") or "")
+    if reason.startswith(CANCEL_PREFIX):
+        return JobState.CANCELLED, reason[len(CANCEL_PREFIX) :]
+    attempts = job.get("attempts") or []
+    last = attempts[-1] if attempts else {}
+    candidates = [reason, str(last.get("statusReason") or ""), str((last.get("container") or {}).get("reason") or "")]
+    for candidate in candidates:
+        if candidate and is_preemption(candidate):
+            return JobState.PREEMPTED, candidate
+    container_reason = str((last.get("container") or job.get("container") or {}).get("reason") or "")
+    details = [r for r in (reason, container_reason) if r]
+    if "attempt duration exceeded timeout" in reason.lower():
+        details.append("the attempt ran past max_runtime (timeout.attemptDurationSeconds)")
+    # the exit code is reported separately (JobStatus.exit_code)
+    return JobState.FAILED, "; ".join(dict.fromkeys(details)) or "no reason given"
+
+
+def exit_code(job: Mapping[str, Any]) -> int | None:
+    """The container's exit code (of the last attempt, else of the job), if Batch reported one."""
+    attempts = job.get("attempts") or []
+    for source in ((attempts[-1].get("container") if attempts else None), job.get("container")):
+        if source and source.get("exitCode") is not None:
+            return int(source["exitCode"])
+    return None
+
+
+def seconds_from_ms(value: Any) -> float | None:
+    """Batch's epoch milliseconds as Unix seconds (``None`` for absent or zero)."""
+    return float(value) / 1000.0 if value else None
+
+
+def job_gpus(job: Mapping[str, Any]) -> float:
+    """Total GPUs of a described job (all nodes)."""
+
+    def gpus_of(container: Mapping[str, Any] | None) -> float:
+        for req in (container or {}).get("resourceRequirements") or []:
+            if req.get("type") == "GPU":
+                return float(req.get("value") or 0)
+        return 0.0
+
+    if job.get("nodeProperties"):
+        ranges = job["nodeProperties"].get("nodeRangeProperties") or []
+        per_node = gpus_of(ranges[0].get("container")) if ranges else 0.0
+        return per_node * job_nodes(job)
+    return gpus_of(job.get("container"))
+
+
+def tag_number(tags: Mapping[str, Any], key: str) -> float | None:
+    """A numeric tag value, ``None`` when absent or not a number."""
+    try:
+        return float(tags[key])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def job_nodes(job: Mapping[str, Any]) -> int:
+    """Number of nodes of a described job (1 for a single-node job)."""
+    props = job.get("nodeProperties") or {}
+    return int(props.get("numNodes") or 1)
+
+
+def definition_name(job: Mapping[str, Any]) -> str | None:
+    """The job definition's name (without revision) of a described job."""
+    arn = str(job.get("jobDefinition") or "")
+    # arn:aws:batch:<region>:<account>:job-definition/<name>:<revision>
+    return arn.rpartition("/")[2].rpartition(":")[0] or None
+
+
+def console_log_url(region: str, group: str, stream: str | None = None, *, stream_prefix: str | None = None) -> str:
+    """A CloudWatch console link to a log stream (or to a log group filtered by stream prefix)."""
+
+    def enc(text: str) -> str:
+        # the console's fragment encoding: URL-encode twice, then '%' -> '$'
+        return quote(quote(text, safe=""), safe="").replace("%", "$")
+
+    base = f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logsV2:log-groups/log-group/"
+    if stream:
+        return f"{base}{enc(group)}/log-events/{enc(stream)}"
+    suffix = "$3FlogStreamNameFilter$3D" + enc(stream_prefix) if stream_prefix else ""
+    return f"{base}{enc(group)}{suffix}"
