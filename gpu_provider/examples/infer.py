@@ -1,53 +1,35 @@
 """Example pipeline, stage 3: batch inference with the trained model.
 
-Loads ``model.npz`` written by ``train.py`` (w1, b1, w2, b2 of the 16 -> 32 tanh -> 1 network) and ``test.npz``
-written by ``preprocess.py``, and writes::
+Loads ``model.npz`` written by ``train`` (w1, b1, w2, b2 of the 16 -> 32 tanh -> 1 network) and ``test.npz``
+written by ``preprocess``, and writes::
 
     <out>/predictions.npy   int8 (n,): the predicted class, 0 or 1, per test row
     <out>/metrics.json      rows, accuracy, log loss, predicted positive rate
 
 Usage::
 
-    python jobs/infer.py --model file:///tmp/pipeline/model --data file:///tmp/pipeline/data \\
+    python -m gpu_provider.examples.infer --model file:///tmp/pipeline/model --data file:///tmp/pipeline/data \\
         --out file:///tmp/pipeline/predictions
 
-Needs only numpy, the standard library and ``gpu_provider.runtime``.
+Needs only numpy (the ``examples`` extra), the standard library and ``gpu_provider.runtime``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
-import numpy as np
-
+from gpu_provider.examples._common import as_uri, np, uri_to_path, write_json
 from gpu_provider.runtime import declare_output
 
 
-def uri_to_path(uri: str) -> Path:
-    """Map a ``file://`` URI or a plain path to a local path (this example does not read or write ``s3://``)."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "":
-        return Path(uri)
-    raise SystemExit(f"error: {uri!r}: this example reads and writes only file:// URIs and plain paths")
-
-
-def as_uri(location: str) -> str:
-    """The URI to declare for an output location: URIs as given, plain paths as absolute ``file://`` URIs."""
-    return location if urlparse(location).scheme else Path(location).resolve().as_uri()
-
-
 def predict_logits(model: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
-    """The network's output logits for the rows of ``x`` (the same forward pass as in train.py)."""
+    """The network's output logits for the rows of ``x`` (the same forward pass as in ``train``)."""
     hidden = np.tanh(x @ model["w1"] + model["b1"])
-    return hidden @ model["w2"] + model["b2"][0]
+    logits: np.ndarray = hidden @ model["w2"] + model["b2"][0]
+    return logits
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         description=(__doc__ or "").split("\n\n")[0],
         epilog="--model, --data and --out accept file:// URIs or plain paths (s3:// is not supported by this example).",
     )
-    parser.add_argument("--model", required=True, help="folder with model.npz from train.py")
-    parser.add_argument("--data", required=True, help="folder with test.npz from preprocess.py")
+    parser.add_argument("--model", required=True, help="folder with model.npz from the train stage")
+    parser.add_argument("--data", required=True, help="folder with test.npz from the preprocess stage")
     parser.add_argument("--out", required=True, help="folder for predictions.npy and metrics.json")
     args = parser.parse_args(argv)
 
@@ -80,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     with tmp.open("wb") as stream:  # write, then rename: readers never see a half-written file
         np.save(stream, predictions)
     os.replace(tmp, out / "predictions.npy")
-    (out / "metrics.json.tmp").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    os.replace(out / "metrics.json.tmp", out / "metrics.json")
+    write_json(out / "metrics.json", metrics)
 
     print(
         f"infer: {metrics['rows']} rows, accuracy {metrics['accuracy']:.4f}, log loss {metrics['log_loss']:.4f}, "

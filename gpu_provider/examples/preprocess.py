@@ -11,63 +11,24 @@ with the training split's mean and standard deviation, and writes::
 
 Usage (the example DAG passes the run's data interval)::
 
-    python jobs/preprocess.py --start 2024-01-01T00:00:00+00:00 --end 2024-01-02T00:00:00+00:00 \\
+    python -m gpu_provider.examples.preprocess --start 2024-01-01T00:00:00+00:00 --end 2024-01-02T00:00:00+00:00 \\
         --out file:///tmp/pipeline/data [--rows 10000]
 
-Needs only numpy, the standard library and ``gpu_provider.runtime``.
+Needs only numpy (the ``examples`` extra), the standard library and ``gpu_provider.runtime``.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import os
 import sys
-import zipfile
 from datetime import datetime
-from pathlib import Path
-from urllib.parse import unquote, urlparse
 
-import numpy as np
-
+from gpu_provider.examples._common import as_uri, np, uri_to_path, write_json, write_npz
 from gpu_provider.runtime import declare_output
 
 N_FEATURES = 16
 TEST_FRACTION = 0.2
-
-
-def uri_to_path(uri: str) -> Path:
-    """Map a ``file://`` URI or a plain path to a local path (this example does not read or write ``s3://``)."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "":
-        return Path(uri)
-    raise SystemExit(f"error: {uri!r}: this example reads and writes only file:// URIs and plain paths")
-
-
-def as_uri(location: str) -> str:
-    """The URI to declare for an output location: URIs as given, plain paths as absolute ``file://`` URIs."""
-    return location if urlparse(location).scheme else Path(location).resolve().as_uri()
-
-
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Like ``np.savez``, but byte-for-byte reproducible (fixed member timestamps) and written atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
-        for name, array in arrays.items():
-            member = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with archive.open(member, "w", force_zip64=True) as stream:
-                np.lib.format.write_array(stream, np.asarray(array), allow_pickle=False)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, data: dict[str, object]) -> None:
-    """Write ``data`` as stable, human-readable JSON, atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def parse_instant(text: str) -> datetime:

@@ -19,11 +19,12 @@ The job's side of the provider's contract (see ``gpu_provider.runtime``):
 
 Usage::
 
-    python jobs/train.py --data file:///tmp/pipeline/data --out file:///tmp/pipeline/model \\
+    python -m gpu_provider.examples.train --data file:///tmp/pipeline/data --out file:///tmp/pipeline/model \\
         --epochs 4 [--steps-per-epoch S] [--batch-size 128] [--lr 0.1] [--checkpoint-every 20] [--step-delay 0.05]
 
-With preprocess.py's default 8000 rows that is 4 x 50 steps; ``--step-delay 0.05`` stretches it to about 10 s, so a
-simulated interruption lands mid-training. Rank 0 prints progress; every rank prints how it started and ended.
+With the preprocess stage's default 8000 rows that is 4 x 50 steps; ``--step-delay 0.05`` stretches it to about
+10 s, so a simulated interruption lands mid-training. Rank 0 prints progress; every rank prints how it started
+and ended.
 
 Results are reproducible on one machine (one BLAS thread per process, set below); a resume on a different CPU type
 may round differently.
@@ -45,13 +46,10 @@ import socket  # noqa: E402
 import struct  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-import zipfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
-from urllib.parse import unquote, urlparse  # noqa: E402
 
-import numpy as np  # noqa: E402
-
+from gpu_provider.examples._common import as_uri, np, uri_to_path, write_json, write_npz  # noqa: E402
 from gpu_provider.runtime import (  # noqa: E402
     SpotInterruptionWatcher,
     StopFlag,
@@ -73,39 +71,6 @@ def log(rank: int, message: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------- files
-
-
-def uri_to_path(uri: str) -> Path:
-    """Map a ``file://`` URI or a plain path to a local path (this example does not read or write ``s3://`` data)."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "":
-        return Path(uri)
-    raise SystemExit(f"error: {uri!r}: this example reads and writes data only at file:// URIs and plain paths")
-
-
-def as_uri(location: str) -> str:
-    """The URI to declare for an output location: URIs as given, plain paths as absolute ``file://`` URIs."""
-    return location if urlparse(location).scheme else Path(location).resolve().as_uri()
-
-
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Like ``np.savez``, but byte-for-byte reproducible (fixed member timestamps) and written atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as archive:
-        for name, array in arrays.items():
-            member = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with archive.open(member, "w", force_zip64=True) as stream:
-                np.lib.format.write_array(stream, np.asarray(array), allow_pickle=False)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` as stable, human-readable JSON, atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def load_split(data_dir: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -235,7 +200,7 @@ class Collective:
         if self.world == 1:
             return vector
         if self.rank == 0:
-            total = vector.copy()
+            total: np.ndarray = vector.copy()
             for peer in range(1, self.world):
                 total += self._recv(peer, step, vector.size)
             for peer in range(1, self.world):
@@ -350,7 +315,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "example); checkpoints go through gpu_provider.runtime, so GPU_PROVIDER_CHECKPOINT_URI may be file:// or "
         "s3://. Exit codes: 0 done, 143 stopped on request (checkpoint saved), 1 error (e.g. a peer died).",
     )
-    parser.add_argument("--data", required=True, help="folder with train.npz (and test.npz) from preprocess.py")
+    parser.add_argument("--data", required=True, help="folder with train.npz (and test.npz) from the preprocess stage")
     parser.add_argument("--out", required=True, help="folder for model.npz and metrics.json")
     parser.add_argument("--epochs", type=int, required=True)
     parser.add_argument("--steps-per-epoch", type=int, default=0, help="default: every full batch of the data")

@@ -33,7 +33,7 @@ def session_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launc
 
 @pytest.fixture(scope="session")
 def dataset(session_launcher: Launcher, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data set made by preprocess.py (train.npz, test.npz, meta.json), shared by the tests that only read it."""
+    """A data set made by the preprocess stage (train.npz, test.npz, meta.json), shared by the read-only tests."""
     out = tmp_path_factory.mktemp("data")
     start, end = DATA_INTERVAL
     session_launcher.run("preprocess", ["--start", start, "--end", end, "--out", out.as_uri(), "--rows", "4000"])

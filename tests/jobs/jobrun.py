@@ -1,4 +1,4 @@
-"""Helpers for running the example job programs in ``jobs/`` as real subprocesses, the way a backend does."""
+"""Helpers for running the example job programs (``gpu_provider.examples``) as real subprocesses, as a backend does."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-JOBS = REPO / "jobs"
+#: the example job programs, run as ``python -m gpu_provider.examples.<program>`` like the example DAG runs them
+EXAMPLES = "gpu_provider.examples"
 
 #: the job contract's variables: removed from the inherited environment so only what a test sets is seen
 CONTRACT_VARIABLES = (
@@ -86,7 +86,11 @@ class Launcher:
         self.jobs: list[Job] = []
 
     def start(self, program: str, args: list[str], env: Mapping[str, str] | None = None, name: str = "") -> Job:
-        """Start ``python jobs/<program>.py args...`` from the repository root with the contract ``env``."""
+        """Start ``python -m gpu_provider.examples.<program> args...`` with the contract ``env``.
+
+        The working directory is the test's log folder, not the repository: the module is found where
+        it is installed, as on a worker or in a trainer image.
+        """
         environ = {k: v for k, v in os.environ.items() if k not in CONTRACT_VARIABLES}
         environ.update(env or {})
         environ["PYTHONUNBUFFERED"] = "1"
@@ -94,8 +98,8 @@ class Launcher:
         log = self.logs / f"{len(self.jobs):02d}-{name or program}.log"
         with log.open("wb") as sink:
             proc = subprocess.Popen(
-                [sys.executable, str(JOBS / f"{program}.py"), *args],
-                cwd=REPO,
+                [sys.executable, "-m", f"{EXAMPLES}.{program}", *args],
+                cwd=self.logs,
                 env=environ,
                 stdout=sink,
                 stderr=subprocess.STDOUT,

@@ -1,4 +1,4 @@
-"""jobs/infer.py end to end: preprocess -> train -> infer, as real processes."""
+"""gpu_provider.examples.infer end to end: preprocess -> train -> infer, as real processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""jobs/preprocess.py as a real process: determinism per data interval, standardisation, outputs."""
+"""gpu_provider.examples.preprocess as a real process: determinism per data interval, standardisation, outputs."""
 
 from __future__ import annotations
 

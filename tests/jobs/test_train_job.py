@@ -1,4 +1,4 @@
-"""jobs/train.py as real processes: 2-node data parallelism, exact resume after SIGTERM and SIGKILL, peer death."""
+"""gpu_provider.examples.train as real processes: 2-node data parallelism, exact resume after SIGTERM/SIGKILL."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import pytest
 
 from gpu_provider import GpuResources
 from gpu_provider.operators import GpuJobOperator
-from tests.harness import REPO, Harness, pid_alive, wait_for
+from tests.harness import Harness, pid_alive, wait_for
 
 
 def _pids(pid_dir: Path) -> dict[str, int]:
@@ -65,7 +65,8 @@ def test_exact_resume_two_interruptions_give_the_bit_identical_model(harness: Ha
     subprocess.run(
         [
             sys.executable,
-            str(REPO / "jobs" / "preprocess.py"),
+            "-m",
+            "gpu_provider.examples.preprocess",
             "--start",
             "2026-01-05",
             "--end",
@@ -80,7 +81,8 @@ def test_exact_resume_two_interruptions_give_the_bit_identical_model(harness: Ha
     def train_dag(dag_id: str, backend: str, capacity: str) -> Path:
         command = [
             sys.executable,
-            str(REPO / "jobs" / "train.py"),
+            "-m",
+            "gpu_provider.examples.train",
             "--data",
             f"file://{data}",
             "--out",
