@@ -12,9 +12,21 @@ folder inside ``<checkpoint uri>`` (named ``.tmp-ckpt-...``), flushed to disk an
 ``LATEST`` naming the previous checkpoint. Folders whose names start with ``.tmp-`` are never
 complete.
 
+A save killed mid-write (SIGKILL at the end of a spot interruption's grace period) cannot clean
+up, so every temporary name records its writer (host, pid, process start, creation time) and the
+folder being written is locked (``flock``) while its writer lives. Each save first removes the
+temporary entries whose writer is gone: unlocked, and made on this host by a process that no longer
+runs, or, when the owner cannot be checked from here (another host), older than
+:data:`STALE_TEMP_AGE_S`. A live writer's folder is never removed (see ``_temp``).
+
 S3 has no rename: a ``ckpt-`` folder on S3 is complete once ``LATEST`` has named it. The writer
 removes what it uploaded when an upload fails, but a process killed mid-upload can leave a partial
-folder that only :func:`latest_checkpoint`'s fallback (used when ``LATEST`` is missing) could pick.
+folder that only :func:`latest_checkpoint`'s fallback (used when ``LATEST`` is missing) could pick;
+saving that step again replaces it, and pruning removes it once ``keep`` newer steps exist. Large
+files go up as multipart uploads, whose unfinished parts S3 keeps (and bills) until they are
+aborted: give the bucket a lifecycle rule that aborts incomplete multipart uploads after a day. The
+local folder an ``s3://`` save stages its files in (``gpu-provider-staging-...`` in the temporary
+folder) is cleaned like a ``file://`` one.
 
 Typical use inside a training loop::
 
@@ -33,7 +45,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import secrets
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
@@ -43,6 +54,9 @@ from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from gpu_provider.runtime import _temp
+from gpu_provider.runtime._temp import STALE_TEMP_AGE_S as STALE_TEMP_AGE_S
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +68,8 @@ CHECKPOINT_PREFIX = "ckpt-"
 TEMP_PREFIX = ".tmp-"
 #: URI schemes the helpers read and write
 SCHEMES = ("file", "s3")
+#: prefix of the local folders an ``s3://`` save stages its files in, under the system's temporary folder
+S3_STAGING_PREFIX = "gpu-provider-staging-"
 
 _STEP_DIGITS = 10
 _COMPLETE = re.compile(r"ckpt-([0-9]+)")
@@ -185,8 +201,31 @@ class _Storage(ABC):
     def publish(self, staging: Path, name: str) -> None:
         """Make ``staging`` the complete checkpoint ``name`` (without touching ``LATEST``)."""
 
+    def __init__(self) -> None:
+        self._locks: dict[Path, int | None] = {}
+
     def discard(self, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
+        _temp.release(self._locks.pop(staging, None))
+
+    def _new_staging(self, parent: Path, prefix: str, label: str, *, mode: int, where: str, shared: bool) -> Path:
+        """Remove what killed saves left under ``parent``, then make and lock a fresh staging folder.
+
+        :param shared: ``parent`` is shared with other users (the system's temporary folder): look
+            only at this user's entries there.
+        """
+        try:
+            _temp.remove_stale(parent, prefix, only_own_uid=shared, describe=where)
+        except Exception:  # never let the cleanup of others' leftovers fail this save
+            log.warning("could not look for leftover temporary folders under %s", where, exc_info=True)
+        path = parent / _temp.temp_name(label)
+        path.mkdir(mode=mode)
+        try:
+            self._locks[path] = _temp.lock(path)
+        except BaseException:
+            path.rmdir()
+            raise
+        return path
 
     @staticmethod
     def _sorted(names: list[str]) -> list[str]:
@@ -230,6 +269,7 @@ def _local_files(root: Path) -> list[tuple[Path, str]]:
 
 class _LocalStorage(_Storage):
     def __init__(self, uri: str, root: Path) -> None:
+        super().__init__()
         self.uri = uri
         self.root = root
 
@@ -241,7 +281,7 @@ class _LocalStorage(_Storage):
             return None
 
     def write_latest(self, name: str) -> None:
-        temp = self.root / f"{TEMP_PREFIX}{LATEST}-{secrets.token_hex(4)}"
+        temp = self.root / _temp.temp_name(f"{TEMP_PREFIX}{LATEST}")
         try:
             with open(temp, "w", encoding="utf-8") as handle:
                 handle.write(name + "\n")
@@ -265,17 +305,17 @@ class _LocalStorage(_Storage):
 
     def delete(self, name: str) -> None:
         # Rename first, so a half-deleted folder is never taken for a complete checkpoint.
-        doomed = self.root / f"{TEMP_PREFIX}del-{name}-{secrets.token_hex(4)}"
+        doomed = self.root / _temp.temp_name(f"{TEMP_PREFIX}del-{name}")
         os.rename(self.root / name, doomed)
         shutil.rmtree(doomed)
 
     def staging(self, name: str) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
-        # Inside the checkpoint folder itself, so the final rename stays on one file system.
-        # os.mkdir (not tempfile.mkdtemp) so the folder gets the umask's permissions, not 0700.
-        path = self.root / f"{TEMP_PREFIX}{name}-{secrets.token_hex(4)}"
-        path.mkdir()
-        return path
+        # Inside the checkpoint folder itself, so the final rename stays on one file system; with
+        # the umask's permissions (not tempfile.mkdtemp's 0700), since it becomes the checkpoint.
+        return self._new_staging(
+            self.root, TEMP_PREFIX, f"{TEMP_PREFIX}{name}", mode=0o777, where=self.uri, shared=False
+        )
 
     def publish(self, staging: Path, name: str) -> None:
         _fsync_tree(staging)
@@ -283,7 +323,7 @@ class _LocalStorage(_Storage):
         replaced: Path | None = None
         if target.exists():
             # A directory cannot be renamed over a non-empty one: move the old one aside first.
-            replaced = self.root / f"{TEMP_PREFIX}old-{name}-{secrets.token_hex(4)}"
+            replaced = self.root / _temp.temp_name(f"{TEMP_PREFIX}old-{name}")
             os.rename(target, replaced)
         try:
             os.rename(staging, target)
@@ -298,6 +338,7 @@ class _LocalStorage(_Storage):
 
 class _S3Storage(_Storage):
     def __init__(self, uri: str, client: Any, bucket: str, prefix: str) -> None:
+        super().__init__()
         self.uri = uri
         self.client = client
         self.bucket = bucket
@@ -368,7 +409,16 @@ class _S3Storage(_Storage):
         self._delete_keys(self._keys(name))
 
     def staging(self, name: str) -> Path:
-        return Path(tempfile.mkdtemp(prefix=f"gpu-provider-{name}-"))
+        # A local folder, private to this user (0700, like tempfile.mkdtemp) in the shared temporary folder.
+        parent = Path(tempfile.gettempdir())
+        return self._new_staging(
+            parent,
+            S3_STAGING_PREFIX,
+            f"{S3_STAGING_PREFIX}{name}",
+            mode=0o700,
+            where=f"{parent} (staging for {self.uri})",
+            shared=True,
+        )
 
     def publish(self, staging: Path, name: str) -> None:
         previous = set(self._keys(name))
