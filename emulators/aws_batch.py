@@ -31,7 +31,8 @@ What it adds to moto (moto 5.2.5; everything is undone by :meth:`BatchEmulator.s
 * **Fault injection:** :meth:`~BatchEmulator.hold` / :meth:`~BatchEmulator.release` (no capacity),
   :meth:`~BatchEmulator.preempt` / :meth:`~BatchEmulator.preempt_after` (spot reclaim: FAILED with
   "Host EC2 (instance i-...) terminated."), :meth:`~BatchEmulator.throttle` (HTTP 429
-  ``TooManyRequestsException``, as Batch throttles).
+  ``TooManyRequestsException``, as Batch throttles), :meth:`~BatchEmulator.forget` (a job Batch no
+  longer returns), :meth:`~BatchEmulator.report_status` (DescribeJobs answers a state of your choice).
 * **Request log:** every Batch and CloudWatch Logs request, parsed, see :meth:`~BatchEmulator.requests`.
 * **Real-Batch rules moto does not enforce** are answered with ``ClientException`` (HTTP 400): more than
   100 ids in DescribeJobs; SubmitJob to a fair-share queue without ``shareIdentifier`` or without a
@@ -379,6 +380,7 @@ class BatchEmulator:
         self._held: set[str] = set()
         self._preempt_rules: list[_PreemptRule] = []
         self._throttles: dict[str, list[int]] = {}  # action -> [every, requests seen since throttle()]
+        self._reported_status: dict[str, str] = {}  # job id -> the status DescribeJobs answers instead
         self._requests: list[dict[str, Any]] = []
         self._lock = threading.RLock()
         self._logs_lock = threading.Lock()
@@ -596,12 +598,44 @@ class BatchEmulator:
             else:
                 self._throttles[action] = [every, 0]
 
+    def forget(self, job_id: str) -> None:
+        """Forget a job, as Batch does some time after it ended (or as if it was deleted): DescribeJobs
+        and ListJobs leave it out from now on. A job still active is stopped first, its processes killed."""
+        with self._lock:
+            run = self._runs.get(job_id)
+        if run is None:
+            raise ValueError(f"AWS Batch emulator: no job {job_id!r} (was it submitted to this emulator?)")
+        job = run.job
+        if not job.job_stopped:
+            run.hurry.set()
+            run.request_stop("forgotten by the AWS Batch emulator", "shutdown")
+            if job.is_alive():
+                job.join(10)
+        job.backend._jobs.pop(job.job_id, None)
+        with contextlib.suppress(ValueError):
+            job.job_queue.jobs.remove(job)
+        with self._lock:
+            self._runs.pop(job_id, None)
+            self._reported_status.pop(job_id, None)
+        logger.info("job %s (%s) forgotten", job.job_name, job.job_id)
+
+    def report_status(self, job_id: str, status: str | None) -> None:
+        """Make DescribeJobs answer ``status`` for the job (e.g. a state a newer Batch might add) instead
+        of its own, until called again with ``None``. The job itself carries on as before."""
+        with self._lock:
+            if status is None:
+                self._reported_status.pop(job_id, None)
+            else:
+                self._reported_status[job_id] = status
+
     def reset_faults(self) -> None:
-        """Release every held queue, drop pending :meth:`preempt_after` rules and turn throttling off."""
+        """Release every held queue, drop pending :meth:`preempt_after` rules, turn throttling off and
+        stop overriding reported statuses."""
         with self._lock:
             self._held.clear()
             self._preempt_rules.clear()
             self._throttles.clear()
+            self._reported_status.clear()
 
     # ------------------------------------------------------------------ inspection
 
@@ -867,6 +901,10 @@ class BatchEmulator:
         return original(backend, job_queue_name, array_job_id, job_status or "RUNNING", None)
 
     def _describe(self, job: batch_models.Job, result: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            reported = self._reported_status.get(job.job_id)
+        if reported is not None:
+            result["status"] = reported
         run = self._runs.get(job.job_id)
         if run is None:
             children = job._child_jobs or []

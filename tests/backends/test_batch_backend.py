@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from gpu_provider import names
 from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, JobStatus, TaskKey
 from gpu_provider.backends.batch import CANCEL_PREFIX, BatchBackend
-from gpu_provider.exceptions import GpuBackendThrottledError
+from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobStatusError
 from gpu_provider.job import GpuResources
 from tests.batch_world import BatchWorld
 from tests.harness import pid_alive, wait_for
@@ -51,9 +54,15 @@ def _py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def _status(backend: BatchBackend, handle: JobHandle) -> JobStatus:
+    status = backend.poll([handle])[handle.job_id]
+    assert isinstance(status, JobStatus), status
+    return status
+
+
 def _wait_state(backend: BatchBackend, handle: JobHandle, *states: JobState, timeout: float = 30) -> JobStatus:
     def reached() -> JobStatus | None:
-        status = backend.poll([handle])[handle.job_id]
+        status = _status(backend, handle)
         return status if status.state in states else None
 
     return wait_for(reached, timeout, f"job {handle.job_id} to reach {states}")  # type: ignore[no-any-return]
@@ -158,7 +167,7 @@ def test_poll_describes_up_to_100_jobs_per_call(batch: BatchWorld) -> None:
     batch.emulator.reset_requests()
     statuses = backend.poll(handles)
     assert set(statuses) == {h.job_id for h in handles}
-    assert {s.state for s in statuses.values()} == {JobState.QUEUED}
+    assert {s.state for s in statuses.values() if isinstance(s, JobStatus)} == {JobState.QUEUED}
     calls = batch.bodies("DescribeJobs")
     assert [len(c["jobs"]) for c in calls] == [100, 100, 50]
 
@@ -168,7 +177,7 @@ def test_throttled_status_reads_back_off_and_persistent_throttling_is_not_a_fail
     handle = backend.submit(_request(_py("pass"), task="throttled"))
     batch.emulator.throttle("DescribeJobs", 2)
     for _ in range(5):
-        assert backend.poll([handle])[handle.job_id].state in set(JobState)
+        assert _status(backend, handle).state in set(JobState)
     throttled = [r for r in batch.emulator.requests("DescribeJobs") if r["throttled"]]
     assert throttled, "the emulator must have throttled some calls"
     batch.emulator.throttle("DescribeJobs", 1)  # every call
@@ -232,3 +241,38 @@ def test_unknown_queue_is_a_clear_error(batch: BatchWorld) -> None:
     backend = BatchBackend(spot_queue="nope", on_demand_queue="nope-either")
     with pytest.raises(Exception, match="job queue 'nope-either' does not exist"):
         backend.submit(_request(_py("pass"), task="noqueue"))
+
+
+def test_a_job_batch_no_longer_returns_is_reported_lost_not_dropped(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    kept = backend.submit(_request(_py("pass"), task="kept", capacity="spot"))
+    gone = backend.submit(_request(_py("pass"), task="gone", capacity="spot"))
+    batch.emulator.forget(gone.job_id)
+    # just submitted: DescribeJobs may not show a new job yet, so that is one failed read, not the end
+    fresh = backend.poll([kept, gone])
+    assert isinstance(fresh[gone.job_id], GpuJobStatusError)
+    assert "does not list" in str(fresh[gone.job_id])
+    assert isinstance(fresh[kept.job_id], JobStatus) and fresh[kept.job_id].state is JobState.QUEUED
+    # submitted long ago (expired after Batch's retention, or deleted): a terminal status, never a missing entry
+    old = dataclasses.replace(gone, submitted_at=time.time() - 3600)
+    statuses = backend.poll([kept, old])
+    assert set(statuses) == {kept.job_id, gone.job_id}
+    lost = statuses[gone.job_id]
+    assert isinstance(lost, JobStatus), lost
+    assert lost.state.terminal and lost.interruption == names.LOST
+    assert lost.reason.startswith(f"AWS Batch no longer knows job {gone.job_id} (expired or deleted)")
+    assert statuses[kept.job_id] == fresh[kept.job_id] or statuses[kept.job_id].state is JobState.QUEUED
+
+
+def test_a_job_in_a_state_this_version_does_not_know_fails_alone(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    good = backend.submit(_request(_py("pass"), task="good", capacity="spot"))
+    odd = backend.submit(_request(_py("pass"), task="odd", capacity="spot"))
+    batch.emulator.report_status(odd.job_id, "SCHEDULED")
+    statuses = backend.poll([good, odd])
+    assert isinstance(statuses[good.job_id], JobStatus)
+    error = statuses[odd.job_id]
+    assert isinstance(error, GpuJobStatusError)
+    assert odd.job_id in str(error) and "'SCHEDULED'" in str(error) and "RUNNABLE" in str(error)

@@ -35,6 +35,7 @@ from gpu_provider.backends.base import (
     JobRequest,
     JobState,
     JobStatus,
+    PollResult,
     TaskKey,
     _slug,
     map_state,
@@ -53,7 +54,7 @@ from gpu_provider.backends.batch.mapping import (
     seconds_from_ms,
     tag_number,
 )
-from gpu_provider.exceptions import GpuJobError
+from gpu_provider.exceptions import GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 
 #: most job ids per DescribeJobs call (a Batch limit)
 DESCRIBE_BATCH = 100
+#: a job DescribeJobs does not return this long after its submission is lost (before: not visible yet)
+VISIBILITY_GRACE_S = 60.0
 #: Batch's smallest attempt timeout
 MIN_ATTEMPT_SECONDS = 60
 #: schedulingPriorityOverride range on fair-share queues
@@ -439,13 +442,40 @@ class BatchBackend(Backend):
             jobs.extend(found.get("jobs") or [])
         return jobs
 
-    def poll(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
+    def poll(self, handles: Sequence[JobHandle]) -> PollResult:
         by_id = {h.job_id: h for h in handles}
-        return {
-            str(job["jobId"]): self.status_of(job, by_id[str(job["jobId"])])
-            for job in self._describe(list(by_id))
-            if str(job.get("jobId")) in by_id
-        }
+        found = {str(job.get("jobId")): job for job in self._describe(list(by_id))}
+        now = time.time()
+        result: PollResult = {}
+        for job_id, handle in by_id.items():
+            job = found.get(job_id)
+            if job is None:
+                result[job_id] = self._missing(handle, now)
+                continue
+            try:
+                result[job_id] = self.status_of(job, handle)
+            except ValueError as err:  # e.g. a state this version does not know: this job alone
+                result[job_id] = GpuJobStatusError(f"AWS Batch job {handle.name} (id {job_id}): {err}")
+        return result
+
+    def _missing(self, handle: JobHandle, now: float) -> JobStatus | GpuJobStatusError:
+        """What a job DescribeJobs did not return means: not visible yet, or gone for good."""
+        age = now - handle.submitted_at
+        if age < VISIBILITY_GRACE_S:
+            return GpuJobStatusError(
+                f"AWS Batch does not list job {handle.name} (id {handle.job_id}) yet, {age:.0f}s after it was "
+                "submitted (its API is eventually consistent); reading it again on the next poll"
+            )
+        return JobStatus(
+            state=JobState.FAILED,
+            reason=(
+                f"AWS Batch no longer knows job {handle.job_id} (expired or deleted): DescribeJobs did not return "
+                f"{handle.name}, so how it ended cannot be known (Batch keeps ended jobs for a limited time). "
+                "Treated as lost: the capacity policy decides whether a new attempt runs, resuming from the "
+                "latest checkpoint."
+            ),
+            interruption=names.LOST,
+        )
 
     def status_of(self, job: Mapping[str, Any], handle: JobHandle) -> JobStatus:
         """Map one DescribeJobs entry onto a :class:`JobStatus`."""
