@@ -31,8 +31,9 @@ folder) is cleaned like a ``file://`` one.
 Typical use inside a training loop::
 
     env = job_env()
-    if env.resume_from:
-        state = load(restore_checkpoint(env.resume_from) / "state.pt")
+    resume = resume_checkpoint(env)  # the newest checkpoint in the store, or the submit-time hint
+    if resume:
+        state = load(restore_checkpoint(resume) / "state.pt")
     ...
     with save_checkpoint(env.checkpoint_uri, step) as folder:
         save(state, folder / "state.pt")
@@ -652,7 +653,8 @@ def restore_checkpoint(
     """Make a checkpoint available as a local folder.
 
     :param resume_from: a checkpoint folder: ``file:///.../ckpt-...``, ``s3://bucket/.../ckpt-...``,
-        or an absolute local path (a local mirror, as some backends pass in ``GPU_PROVIDER_RESUME_FROM``).
+        or an absolute local path (a local mirror, as some backends pass in ``GPU_PROVIDER_RESUME_FROM``);
+        usually what :func:`~gpu_provider.runtime.resume_checkpoint` returned.
     :param local_dir: where to download an ``s3://`` checkpoint; a new temporary folder when ``None``.
         Ignored for local checkpoints, which are returned in place.
     :param s3_client: a boto3 S3 client; ``boto3.client("s3")`` when ``None`` and the URI is ``s3://``.

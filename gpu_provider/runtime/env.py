@@ -57,7 +57,10 @@ class JobEnv:
     """What the job needs to know about this run, normalised across backends.
 
     :param checkpoint_uri: where this job writes checkpoints (``file://`` or ``s3://``), or ``None``.
-    :param resume_from: the checkpoint to restore, or ``None`` on a fresh start.
+    :param resume_from: the hint ``GPU_PROVIDER_RESUME_FROM``: the newest checkpoint when the attempt
+        was submitted, or ``None``. A service that restarts the job inside the attempt keeps this
+        value while newer checkpoints exist: restore what
+        :func:`~gpu_provider.runtime.resume_checkpoint` returns, which looks in the store itself.
     :param attempt: 1, 2, ... across preemptions and Airflow retries.
     :param capacity: ``"spot"`` or ``"on-demand"`` for this attempt.
     :param nnodes: number of nodes taking part in the rendezvous.
