@@ -276,3 +276,28 @@ def test_a_job_in_a_state_this_version_does_not_know_fails_alone(batch: BatchWor
     error = statuses[odd.job_id]
     assert isinstance(error, GpuJobStatusError)
     assert odd.job_id in str(error) and "'SCHEDULED'" in str(error) and "RUNNABLE" in str(error)
+
+
+def test_a_capacity_timeout_cancel_found_by_a_later_lookup_is_an_interruption(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    timed_out = backend.submit(_request(_py("pass"), task="cap", capacity="spot"))
+    killed = backend.submit(_request(_py("pass"), task="cap", capacity="spot", attempt=2))
+    backend.cancel(timed_out, names.CAPACITY_TIMEOUT_MARK + "no spot capacity after 600s waiting")
+    backend.cancel(killed, "Airflow task batch_tests.cap of run manual__run was killed")
+    # the worker crashed before it saved either outcome: a new try finds them by name and polls them
+    later = BatchBackend(**batch.queues)
+    found = later.find_existing(TaskKey("batch_tests", "cap", "manual__run", -1))
+    assert [h.job_id for h in found] == [timed_out.job_id, killed.job_id]
+
+    def both_ended() -> dict[str, JobStatus] | None:
+        statuses = later.poll(found)
+        done = {k: v for k, v in statuses.items() if isinstance(v, JobStatus) and v.state.terminal}
+        return done if len(done) == 2 else None
+
+    statuses = wait_for(both_ended, 15, "both jobs to end")
+    assert statuses[timed_out.job_id].state is JobState.CANCELLED
+    assert statuses[timed_out.job_id].interruption == names.CAPACITY_TIMEOUT
+    assert statuses[timed_out.job_id].reason == names.CAPACITY_TIMEOUT_MARK + "no spot capacity after 600s waiting"
+    assert statuses[killed.job_id].state is JobState.CANCELLED
+    assert statuses[killed.job_id].interruption is None

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gpu_provider import GpuResources
+from gpu_provider import GpuResources, names
 from gpu_provider.backends.base import JobIdentity, JobRequest, JobState, TaskKey, resolve_backend
 from gpu_provider.backends.batch import (
     CANCEL_PREFIX,
@@ -20,6 +20,8 @@ from gpu_provider.backends.batch import (
     refine_failure,
 )
 
+# how Batch words the reason of a job its queue's jobStateTimeLimitActions cancelled (AWS Batch user guide)
+QUEUE_ACTION = "Terminated by JobStateTimeLimit action due to reason: "
 QUEUES = {"spot_queue": "gpu-spot", "on_demand_queue": "gpu-on-demand"}
 
 
@@ -55,9 +57,9 @@ def test_state_table_covers_every_batch_state(remote: str, state: JobState) -> N
 
 
 @pytest.mark.parametrize(
-    ("job", "state", "reason"),
+    ("job", "state", "reason", "interruption"),
     [
-        ({"statusReason": "Host EC2 (instance i-0abc123) terminated."}, JobState.PREEMPTED, "Host EC2"),
+        ({"statusReason": "Host EC2 (instance i-0abc123) terminated."}, JobState.PREEMPTED, "Host EC2", "preempted"),
         (
             {
                 "statusReason": "Essential container in task exited",
@@ -65,28 +67,56 @@ def test_state_table_covers_every_batch_state(remote: str, state: JobState) -> N
             },
             JobState.PREEMPTED,
             "Host EC2 (instance i-1)",
+            "preempted",
         ),
-        ({"statusReason": "Your Spot Instance was interrupted"}, JobState.PREEMPTED, "Spot Instance"),
+        ({"statusReason": "Your Spot Instance was interrupted"}, JobState.PREEMPTED, "Spot Instance", "preempted"),
         (
             {"statusReason": CANCEL_PREFIX + "Airflow task d.t was killed"},
             JobState.CANCELLED,
             "Airflow task d.t was killed",
+            None,
+        ),
+        # our own capacity-timeout cancel, found later by a lookup: an interruption, not a kill
+        (
+            {"statusReason": CANCEL_PREFIX + names.CAPACITY_TIMEOUT_MARK + "no spot capacity after 600s"},
+            JobState.CANCELLED,
+            "no spot capacity after 600s",
+            "capacity_timeout",
+        ),
+        # the queue's jobStateTimeLimitActions gave up waiting for capacity
+        (
+            {"statusReason": QUEUE_ACTION + "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"},
+            JobState.CANCELLED,
+            "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+            "capacity_timeout",
+        ),
+        (
+            {"statusReason": QUEUE_ACTION + "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT"},
+            JobState.FAILED,
+            "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT",
+            None,
         ),
         (
             {"statusReason": "Essential container in task exited", "attempts": [{"container": {"exitCode": 3}}]},
             JobState.FAILED,
             "Essential container in task exited",
+            None,
         ),
-        ({"statusReason": "Job attempt duration exceeded timeout"}, JobState.FAILED, "max_runtime"),
-        ({}, JobState.FAILED, "no reason given"),
+        ({"statusReason": "Job attempt duration exceeded timeout"}, JobState.FAILED, "max_runtime", None),
+        ({}, JobState.FAILED, "no reason given", None),
         # a person terminating the job in the console is the job's end, not an interruption
-        ({"statusReason": "Terminated by operator"}, JobState.FAILED, "Terminated by operator"),
+        ({"statusReason": "Terminated by operator"}, JobState.FAILED, "Terminated by operator", None),
     ],
 )
-def test_failed_jobs_are_read_for_preemption_and_cancel(job: dict, state: JobState, reason: str) -> None:
-    got_state, got_reason = refine_failure(job)
+def test_failed_jobs_are_read_for_preemption_and_cancel(
+    job: dict, state: JobState, reason: str, interruption: str | None
+) -> None:
+    got_state, got_reason, got_interruption = refine_failure(job)
     assert got_state is state
     assert reason in got_reason
+    assert got_interruption == interruption
+    if interruption is not None:
+        assert interruption in names.INTERRUPTION_KINDS
 
 
 def _validate(

@@ -481,8 +481,9 @@ class BatchBackend(Backend):
         """Map one DescribeJobs entry onto a :class:`JobStatus`."""
         state = map_state(STATE_TABLE, str(job.get("status")), backend=self.name)
         reason = str(job.get("statusReason") or "")
+        interruption = None
         if state is JobState.FAILED:
-            state, reason = refine_failure(job)
+            state, reason, interruption = refine_failure(job)
         elif state is JobState.SUCCEEDED:
             reason = ""  # Batch says "Essential container in task exited" on success too: no news
         started = seconds_from_ms(job.get("startedAt"))
@@ -499,6 +500,7 @@ class BatchBackend(Backend):
             ended_at=ended,
             gpu_seconds=gpu_seconds,
             log_url=log_url,
+            interruption=interruption,
         )
 
     def cancel(self, handle: JobHandle, reason: str) -> None:

@@ -5,9 +5,12 @@ States (one table, :data:`STATE_TABLE`): SUBMITTED, PENDING and RUNNABLE are ``Q
 RUNNING, SUCCEEDED and FAILED map to themselves. A FAILED job is read further by :func:`refine_failure`:
 
 * its status reason starts with :data:`~gpu_provider.names.CANCEL_PREFIX` (this provider terminated
-  it): ``CANCELLED``;
+  it): ``CANCELLED``, with ``interruption="capacity_timeout"`` when the reason goes on with
+  :data:`~gpu_provider.names.CAPACITY_TIMEOUT_MARK` (it gave up waiting for capacity); a job the
+  queue's own ``jobStateTimeLimitActions`` cancelled for ``CAPACITY:...`` reads the same way;
 * its status reason, or its last attempt's, matches :data:`PREEMPTION_PATTERNS` (the host was
-  terminated or reclaimed, e.g. ``Host EC2 (instance i-0abc) terminated.``): ``PREEMPTED``;
+  terminated or reclaimed, e.g. ``Host EC2 (instance i-0abc) terminated.``): ``PREEMPTED``
+  (``interruption="preempted"``);
 * anything else (the container exited non-zero, the attempt timed out): ``FAILED``.
 
 Batch has no structured "spot interruption" field; the status reason is what its own
@@ -47,28 +50,44 @@ PREEMPTION_PATTERNS: tuple[re.Pattern[str], ...] = (
 CANCEL_PREFIX = names.CANCEL_PREFIX
 
 
+#: how Batch words the status reason of a job its queue's ``jobStateTimeLimitActions`` cancelled
+#: (``...due to reason: CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY``)
+QUEUE_ACTION_PREFIX = "Terminated by JobStateTimeLimit action due to reason: "
+
+
 def is_preemption(reason: str) -> bool:
     """Whether a Batch status reason says the host was terminated or reclaimed under the job."""
     return any(p.search(reason) for p in PREEMPTION_PATTERNS)
 
 
-def refine_failure(job: Mapping[str, Any]) -> tuple[JobState, str]:
-    """FAILED -> CANCELLED (we terminated it), PREEMPTED (host reclaimed) or FAILED, with the reason."""
+def refine_failure(job: Mapping[str, Any]) -> tuple[JobState, str, str | None]:
+    """FAILED -> CANCELLED (we terminated it), PREEMPTED (host reclaimed) or FAILED.
+
+    :return: the state, the reason, and the interruption kind (:data:`gpu_provider.names.INTERRUPTION_KINDS`)
+        for an attempt that ended without the job's own fault, else ``None``
+    """
     reason = str(job.get("statusReason") or "")
     if reason.startswith(CANCEL_PREFIX):
-        return JobState.CANCELLED, reason[len(CANCEL_PREFIX) :]
+        ours = reason[len(CANCEL_PREFIX) :]
+        # a cancel that gave up waiting for capacity is an interruption (charged to the policy's budget),
+        # also when only a later lookup finds it (the worker crashed before it saved the outcome)
+        interruption = names.CAPACITY_TIMEOUT if ours.startswith(names.CAPACITY_TIMEOUT_MARK) else None
+        return JobState.CANCELLED, ours, interruption
+    if reason.startswith(QUEUE_ACTION_PREFIX) and reason[len(QUEUE_ACTION_PREFIX) :].startswith("CAPACITY:"):
+        # the queue's own jobStateTimeLimitActions gave up waiting for capacity
+        return JobState.CANCELLED, reason, names.CAPACITY_TIMEOUT
     attempts = job.get("attempts") or []
     last = attempts[-1] if attempts else {}
     candidates = [reason, str(last.get("statusReason") or ""), str((last.get("container") or {}).get("reason") or "")]
     for candidate in candidates:
         if candidate and is_preemption(candidate):
-            return JobState.PREEMPTED, candidate
+            return JobState.PREEMPTED, candidate, names.PREEMPTED
     container_reason = str((last.get("container") or job.get("container") or {}).get("reason") or "")
     details = [r for r in (reason, container_reason) if r]
     if "attempt duration exceeded timeout" in reason.lower():
         details.append("the attempt ran past max_runtime (timeout.attemptDurationSeconds)")
     # the exit code is reported separately (JobStatus.exit_code)
-    return JobState.FAILED, "; ".join(dict.fromkeys(details)) or "no reason given"
+    return JobState.FAILED, "; ".join(dict.fromkeys(details)) or "no reason given", None
 
 
 def exit_code(job: Mapping[str, Any]) -> int | None:
