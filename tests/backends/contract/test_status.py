@@ -65,7 +65,7 @@ def test_poll_many_answers_every_job_and_one_bad_job_spoils_no_other(world: Back
         wait_ended(backend, handle)
 
     unknown_state = world.break_state(handles["many_broken"])
-    world.forget(handles["many_forgotten"])
+    handles["many_forgotten"] = world.forget(handles["many_forgotten"])
     result = world.backend().poll(list(handles.values()))
 
     assert set(result) == {h.job_id for h in handles.values()}, result
@@ -88,7 +88,7 @@ def test_a_job_the_service_forgot_is_lost_and_no_longer_found(world: BackendWorl
     handle = backend.submit(request)
     assert wait_ended(backend, handle).state is JobState.SUCCEEDED
 
-    world.forget(handle)
+    handle = world.forget(handle)
     status = poll_one(world.backend(), handle)
     assert status.state.terminal and status.interruption == names.LOST, status
     assert world.backend().find_existing(request.identity.task) == []

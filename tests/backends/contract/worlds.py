@@ -22,6 +22,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -54,6 +55,9 @@ POLL_S = 0.2
 WAIT_S = 30.0
 #: an image name for backends that need one (the emulators run the command on this host)
 IMAGE = "contract-test:1"
+#: how long after its submission a service forgets a job in :meth:`BackendWorld.forget` (Batch keeps
+#: ended jobs for about a day at least)
+FORGOTTEN_AFTER_S = 86_400.0
 
 
 def py(code: str) -> tuple[str, ...]:
@@ -142,9 +146,16 @@ class BackendWorld(ABC):
     def release_capacity(self) -> None:
         """Let waiting jobs start."""
 
+    def forget(self, handle: JobHandle) -> JobHandle:
+        """Make the service forget an ended job, as when its retention ran out; returns the handle as
+        its holder has it by then, submitted :data:`FORGOTTEN_AFTER_S` ago (a backend may take a job
+        missing soon after its submission for one the service does not show yet)."""
+        self._forget(handle)
+        return replace(handle, submitted_at=handle.submitted_at - FORGOTTEN_AFTER_S)
+
     @abstractmethod
-    def forget(self, handle: JobHandle) -> None:
-        """Make the service forget an ended job, as when its retention ran out."""
+    def _forget(self, handle: JobHandle) -> None:
+        """The service's side of :meth:`forget`."""
 
     @abstractmethod
     def break_state(self, handle: JobHandle) -> str:
@@ -214,7 +225,7 @@ class LocalBackendWorld(BackendWorld):
     def release_capacity(self) -> None:
         local_gpus.release(self.state_dir, self._HOLD_ID)
 
-    def forget(self, handle: JobHandle) -> None:
+    def _forget(self, handle: JobHandle) -> None:
         # the local service's memory of a job is its folder (what retention_days prunes)
         shutil.rmtree(self._job_dir(handle))
 
@@ -268,14 +279,12 @@ class BatchBackendWorld(BackendWorld):
         for queue in self._queues():
             self.emulator.release(queue)
 
-    def forget(self, handle: JobHandle) -> None:
-        # knob asked of the emulator's owner (see /work/notes/contract-needs.md)
-        self.emulator.forget(handle.job_id)  # type: ignore[attr-defined]
+    def _forget(self, handle: JobHandle) -> None:
+        self.emulator.forget(handle.job_id)
 
     def break_state(self, handle: JobHandle) -> str:
         unknown = "ARCHIVED"  # not a Batch state today; the shape of one a newer Batch could add
-        # knob asked of the emulator's owner (see /work/notes/contract-needs.md)
-        self.emulator.override_status(handle.job_id, unknown)  # type: ignore[attr-defined]
+        self.emulator.report_status(handle.job_id, unknown)
         return unknown
 
     def cleanup(self) -> None:
