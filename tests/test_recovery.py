@@ -55,3 +55,9 @@ def test_backoff_has_full_jitter_grows_and_is_capped() -> None:
     assert len({round(x, 6) for x in first}) > 100  # jittered, not a fixed delay
     assert max(policy.backoff_delay(30, rng=rng) for _ in range(50)) <= 300.0
     assert OnDemand(backoff=0).backoff_delay(5) == 0.0
+
+
+def test_backoff_after_a_long_history_does_not_overflow() -> None:
+    # interruptions come from stored records: a long (or corrupted) history must not crash the delay
+    rng = random.Random(3)
+    assert 0.0 <= OnDemand(backoff=2).backoff_delay(5000, rng=rng) <= 300.0
