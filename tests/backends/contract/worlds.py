@@ -206,8 +206,7 @@ class LocalBackendWorld(BackendWorld):
         return Path(job_dir) if job_dir else self.state_dir / local_common.JOBS_DIR / handle.job_id
 
     def preempt(self, handle: JobHandle) -> None:
-        # knob asked of the local backend's owner (see /work/notes/contract-needs.md)
-        self.backend().simulate_preemption(handle)  # type: ignore[attr-defined]
+        self.backend().simulate_preemption(handle)
 
     def hold_capacity(self) -> None:
         pid = os.getpid()
