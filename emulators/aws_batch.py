@@ -32,7 +32,9 @@ What it adds to moto (moto 5.2.5; everything is undone by :meth:`BatchEmulator.s
   :meth:`~BatchEmulator.preempt` / :meth:`~BatchEmulator.preempt_after` (spot reclaim: FAILED with
   "Host EC2 (instance i-...) terminated."), :meth:`~BatchEmulator.throttle` (HTTP 429
   ``TooManyRequestsException``, as Batch throttles), :meth:`~BatchEmulator.forget` (a job Batch no
-  longer returns), :meth:`~BatchEmulator.report_status` (DescribeJobs answers a state of your choice).
+  longer returns), :meth:`~BatchEmulator.report_status` (DescribeJobs answers a state of your choice),
+  :meth:`~BatchEmulator.set_status_reason` and ``hold(queue, reason=...)`` (the ``statusReason`` of a
+  RUNNABLE job: ``CAPACITY:...``, ``MISCONFIGURATION:...``).
 * **Request log:** every Batch and CloudWatch Logs request, parsed, see :meth:`~BatchEmulator.requests`.
 * **Real-Batch rules moto does not enforce** are answered with ``ClientException`` (HTTP 400): more than
   100 ids in DescribeJobs; SubmitJob to a fair-share queue without ``shareIdentifier`` or without a
@@ -156,6 +158,7 @@ class _JobRun:
         self.num_nodes = 1
         self.started = False
         self.preempt_delay: float | None = None
+        self.queue_reason: str | None = None  # statusReason while RUNNABLE (set_status_reason)
         self.stop_reason: str | None = None
         self.stop_kind: str | None = None  # terminate | preempt | timeout | shutdown
         self.wake = threading.Event()  # set on a stop request
@@ -378,6 +381,7 @@ class BatchEmulator:
         self._patches = _Patches()
         self._runs: dict[str, _JobRun] = {}
         self._held: set[str] = set()
+        self._held_reasons: dict[str, str] = {}  # queue -> statusReason of its RUNNABLE jobs
         self._preempt_rules: list[_PreemptRule] = []
         self._throttles: dict[str, list[int]] = {}  # action -> [every, requests seen since throttle()]
         self._reported_status: dict[str, str] = {}  # job id -> the status DescribeJobs answers instead
@@ -561,15 +565,36 @@ class BatchEmulator:
 
     # ------------------------------------------------------------------ fault injection
 
-    def hold(self, queue: str) -> None:
-        """Keep jobs of ``queue`` (name or ARN) RUNNABLE, as with no capacity, until :meth:`release`."""
+    def hold(self, queue: str, reason: str | None = None) -> None:
+        """Keep jobs of ``queue`` (name or ARN) RUNNABLE, as with no capacity, until :meth:`release`.
+
+        :param reason: the ``statusReason`` its RUNNABLE jobs show meanwhile, as Batch words it for a
+            job blocking its queue, e.g. ``"CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - There is no Spot
+            capacity available that meets the job requirements."`` (default: none)
+        """
         with self._lock:
-            self._held.add(_queue_name(queue))
+            name = _queue_name(queue)
+            self._held.add(name)
+            if reason is None:
+                self._held_reasons.pop(name, None)
+            else:
+                self._held_reasons[name] = reason
 
     def release(self, queue: str) -> None:
         """Let held jobs of ``queue`` start."""
         with self._lock:
             self._held.discard(_queue_name(queue))
+            self._held_reasons.pop(_queue_name(queue), None)
+
+    def set_status_reason(self, job_id: str, reason: str | None) -> None:
+        """The ``statusReason`` the job shows while it is RUNNABLE (``None``: none), as Batch sets it on a
+        job blocking its queue: ``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - ...`` (it may start later) or
+        ``MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - ...`` (it never will: hold its queue to keep it there)."""
+        with self._lock:
+            run = self._runs.get(job_id)
+            if run is None:
+                raise ValueError(f"AWS Batch emulator: no job {job_id!r} (was it submitted to this emulator?)")
+            run.queue_reason = reason
 
     def preempt(self, job_id: str, instance_id: str | None = None) -> None:
         """Reclaim the job's spot host now: SIGTERM, SIGKILL after ``grace_period``; the job ends FAILED
@@ -633,6 +658,7 @@ class BatchEmulator:
         stop overriding reported statuses."""
         with self._lock:
             self._held.clear()
+            self._held_reasons.clear()
             self._preempt_rules.clear()
             self._throttles.clear()
             self._reported_status.clear()
@@ -761,6 +787,11 @@ class BatchEmulator:
                 record = emulator._runs.get(job.job_id)
                 if record is not None and not record.started:
                     result.pop("startedAt", None)  # moto reports 1970 for a job that never ran
+                if record is not None and _state(job) == "RUNNABLE":
+                    with emulator._lock:
+                        reason = record.queue_reason or emulator._held_reasons.get(job.job_queue.name)
+                    if reason:
+                        result["statusReason"] = reason
                 return result
 
             return patched

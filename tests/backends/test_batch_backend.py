@@ -301,3 +301,35 @@ def test_a_capacity_timeout_cancel_found_by_a_later_lookup_is_an_interruption(ba
     assert statuses[timed_out.job_id].reason == names.CAPACITY_TIMEOUT_MARK + "no spot capacity after 600s waiting"
     assert statuses[killed.job_id].state is JobState.CANCELLED
     assert statuses[killed.job_id].interruption is None
+
+
+NO_SPOT = (
+    "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - There is no Spot capacity available that meets the job requirements."
+)
+TOO_BIG = (
+    "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - The job resource requirement (vCPU/memory/GPU) is higher than that "
+    "can be met by the CE(s) attached to the job queue."
+)
+
+
+def test_a_runnable_job_shows_why_it_waits_and_one_that_can_never_run_fails_fast(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue, reason=NO_SPOT)
+    waiting = backend.submit(_request(_py("pass"), task="waits", capacity="spot"))
+    status = wait_for(lambda: (s := _status(backend, waiting)).reason and s, 10, "a status reason")
+    assert (status.state, status.reason) == (JobState.QUEUED, NO_SPOT)  # may still start: keep waiting
+
+    batch.emulator.hold(batch.setup.on_demand_queue)
+    stuck = backend.submit(_request(_py("pass"), task="too-big"))
+    wait_for(lambda: batch.describe(stuck.job_id)["status"] == "RUNNABLE", 10, "the job to be RUNNABLE")
+    batch.emulator.set_status_reason(stuck.job_id, TOO_BIG)
+    status = _status(backend, stuck)
+    assert status.state is JobState.FAILED and status.interruption is None
+    assert status.reason.startswith("AWS Batch cannot run this job: " + TOO_BIG)
+    # not left RUNNABLE forever, holding its place in the queue: terminated, and it stays FAILED with that reason
+    (terminate,) = batch.bodies("TerminateJob")
+    assert terminate == {"jobId": stuck.job_id, "reason": CANCEL_PREFIX + "cannot run: " + TOO_BIG}
+    wait_for(lambda: batch.describe(stuck.job_id)["status"] == "FAILED", 10, "the job to end")
+    after = _status(backend, stuck)
+    assert (after.state, after.reason, after.interruption) == (status.state, status.reason, None)
+    assert _status(backend, waiting).state is JobState.QUEUED

@@ -83,6 +83,13 @@ def test_state_table_covers_every_batch_state(remote: str, state: JobState) -> N
             "no spot capacity after 600s",
             "capacity_timeout",
         ),
+        # a job that could never start, terminated by this provider: the job's failure, not a cancel
+        (
+            {"statusReason": CANCEL_PREFIX + "cannot run: MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - too big"},
+            JobState.FAILED,
+            "AWS Batch cannot run this job: MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - too big",
+            None,
+        ),
         # the queue's jobStateTimeLimitActions gave up waiting for capacity
         (
             {"statusReason": QUEUE_ACTION + "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"},

@@ -45,6 +45,7 @@ from gpu_provider.backends.batch.calls import Clients, call
 from gpu_provider.backends.batch.mapping import (
     CANCEL_PREFIX,
     STATE_TABLE,
+    UNRUNNABLE_MARK,
     console_log_url,
     definition_name,
     exit_code,
@@ -53,6 +54,8 @@ from gpu_provider.backends.batch.mapping import (
     refine_failure,
     seconds_from_ms,
     tag_number,
+    unrunnable,
+    unrunnable_reason,
 )
 from gpu_provider.exceptions import GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
@@ -456,6 +459,17 @@ class BatchBackend(Backend):
                 result[job_id] = self.status_of(job, handle)
             except ValueError as err:  # e.g. a state this version does not know: this job alone
                 result[job_id] = GpuJobStatusError(f"AWS Batch job {handle.name} (id {job_id}): {err}")
+                continue
+            blocked = unrunnable(job)
+            if blocked is not None:
+                # reported FAILED: terminate it too, or it would keep its place in the queue forever
+                try:
+                    self._terminate(job_id, UNRUNNABLE_MARK + blocked)
+                except Exception as err:  # reported again, and terminated, on the next poll
+                    result[job_id] = GpuJobStatusError(
+                        f"AWS Batch job {handle.name} (id {job_id}) can never start ({blocked}), and terminating "
+                        f"it failed: {err}"
+                    )
         return result
 
     def _missing(self, handle: JobHandle, now: float) -> JobStatus | GpuJobStatusError:
@@ -482,8 +496,11 @@ class BatchBackend(Backend):
         state = map_state(STATE_TABLE, str(job.get("status")), backend=self.name)
         reason = str(job.get("statusReason") or "")
         interruption = None
+        blocked = unrunnable(job)
         if state is JobState.FAILED:
             state, reason, interruption = refine_failure(job)
+        elif blocked is not None:
+            state, reason = JobState.FAILED, unrunnable_reason(blocked)
         elif state is JobState.SUCCEEDED:
             reason = ""  # Batch says "Essential container in task exited" on success too: no news
         started = seconds_from_ms(job.get("startedAt"))
@@ -504,9 +521,13 @@ class BatchBackend(Backend):
         )
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
+        self._terminate(handle.job_id, reason)
+
+    def _terminate(self, job_id: str, reason: str) -> None:
+        """TerminateJob (any state; Batch ignores it for an ended job) with the reason marked as ours."""
         client = self._client("batch")
         text = (CANCEL_PREFIX + reason)[:1024]
-        call("TerminateJob", lambda: client.terminate_job(jobId=handle.job_id, reason=text))
+        call("TerminateJob", lambda: client.terminate_job(jobId=job_id, reason=text))
 
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt of the task instance in either queue, found by job name (ListJobs JOB_NAME filter)."""

@@ -13,6 +13,10 @@ RUNNING, SUCCEEDED and FAILED map to themselves. A FAILED job is read further by
   (``interruption="preempted"``);
 * anything else (the container exited non-zero, the attempt timed out): ``FAILED``.
 
+A RUNNABLE job is ``QUEUED`` with Batch's status reason (``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY
+- ...``), except one whose reason says it can never start (``MISCONFIGURATION:...``, see
+:func:`unrunnable`): that one is ``FAILED`` at once, and the backend terminates it.
+
 Batch has no structured "spot interruption" field; the status reason is what its own
 ``evaluateOnExit`` retry rules match on (``onStatusReason: "Host EC2*"``), and so do we.
 """
@@ -55,6 +59,32 @@ CANCEL_PREFIX = names.CANCEL_PREFIX
 QUEUE_ACTION_PREFIX = "Terminated by JobStateTimeLimit action due to reason: "
 
 
+#: the start of a RUNNABLE job's status reason when Batch sees it can never start (its queue's
+#: compute environments cannot hold it, the service role lacks a permission...): it would wait forever
+UNRUNNABLE_PREFIX = "MISCONFIGURATION:"
+#: after :data:`CANCEL_PREFIX`: this provider terminated a job that could never start; it reads FAILED
+UNRUNNABLE_MARK = "cannot run: "
+
+
+def unrunnable(job: Mapping[str, Any]) -> str | None:
+    """The status reason of a RUNNABLE job that can never start (``MISCONFIGURATION:...``), else ``None``.
+
+    Other reasons (``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY``) may clear by themselves: the job keeps
+    waiting, with the reason shown, until the policy's wait for capacity runs out.
+    """
+    reason = str(job.get("statusReason") or "")
+    return reason if job.get("status") == "RUNNABLE" and reason.startswith(UNRUNNABLE_PREFIX) else None
+
+
+def unrunnable_reason(status_reason: str) -> str:
+    """What a person reads about a job that could never start (before and after it was terminated)."""
+    return (
+        f"AWS Batch cannot run this job: {status_reason}. Fix the job's resources (gpus, cpu, memory) or the "
+        "compute environments and roles behind its job queue; the job was terminated instead of waiting "
+        "in the queue forever."
+    )
+
+
 def is_preemption(reason: str) -> bool:
     """Whether a Batch status reason says the host was terminated or reclaimed under the job."""
     return any(p.search(reason) for p in PREEMPTION_PATTERNS)
@@ -69,6 +99,8 @@ def refine_failure(job: Mapping[str, Any]) -> tuple[JobState, str, str | None]:
     reason = str(job.get("statusReason") or "")
     if reason.startswith(CANCEL_PREFIX):
         ours = reason[len(CANCEL_PREFIX) :]
+        if ours.startswith(UNRUNNABLE_MARK):
+            return JobState.FAILED, unrunnable_reason(ours[len(UNRUNNABLE_MARK) :]), None
         # a cancel that gave up waiting for capacity is an interruption (charged to the policy's budget),
         # also when only a later lookup finds it (the worker crashed before it saved the outcome)
         interruption = names.CAPACITY_TIMEOUT if ours.startswith(names.CAPACITY_TIMEOUT_MARK) else None
