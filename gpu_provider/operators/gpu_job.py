@@ -39,7 +39,7 @@ from gpu_provider.exceptions import (
     GpuJobPollError,
     GpuJobStatusError,
 )
-from gpu_provider.job import is_templated, to_bool, to_seconds, validate_checkpoint_uri
+from gpu_provider.job import MAX_DURATION_S, is_templated, to_bool, to_seconds, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
 from gpu_provider.operators._fields import (
     TEAM,
@@ -59,6 +59,9 @@ if TYPE_CHECKING:
 
 #: spot without a checkpoint is fine for short jobs; above this max runtime it earns a warning
 SPOT_WITHOUT_CHECKPOINT_WARN_S = 3600.0
+
+#: the longest ``poll_interval`` accepted (seconds): a status check at least every hour
+MAX_POLL_INTERVAL_S = 3600.0
 
 #: task state store key holding this task instance's attempt records (survives worker crashes)
 STATE_KEY = "gpu_provider_attempts"
@@ -177,7 +180,7 @@ class GpuJobOperator(BaseOperator):
         self.job_priority = priority
         self.max_runtime_s = self._positive("max_runtime", max_runtime)
         self.queue_timeout_s = self._positive("queue_timeout", queue_timeout)
-        self.poll_interval = self._positive("poll_interval", poll_interval)
+        self.poll_interval = self._positive("poll_interval", poll_interval, maximum=MAX_POLL_INTERVAL_S)
         if deferrable is None:
             from airflow.configuration import conf
 
@@ -203,8 +206,8 @@ class GpuJobOperator(BaseOperator):
 
     # ------------------------------------------------------------------ parse & render checks
     @staticmethod
-    def _positive(field: str, value: Any) -> float | None:
-        seconds = to_seconds(field, value)
+    def _positive(field: str, value: Any, maximum: float = MAX_DURATION_S) -> float | None:
+        seconds = to_seconds(field, value, maximum=maximum)
         if seconds == 0:
             raise ValueError(f"{field}={value!r} must be > 0 seconds (None for the default)")
         return seconds
@@ -267,7 +270,7 @@ class GpuJobOperator(BaseOperator):
 
         raw = conf.get("gpu_provider", "poll_interval", fallback="") or ""
         if raw.strip():
-            value = to_seconds("[gpu_provider] poll_interval", raw, allow_none=False)
+            value = to_seconds("[gpu_provider] poll_interval", raw, allow_none=False, maximum=MAX_POLL_INTERVAL_S)
             if value:
                 return value
         return backend.default_poll_interval
