@@ -204,8 +204,8 @@ class AttemptEngine:
         interruptions = self.interruptions()
         budget = self.policy.max_interruptions
         what = {
-            CAPACITY_TIMEOUT: "capacity did not come in time",
-            LOST: "the service lost the job",
+            CAPACITY_TIMEOUT: f"{record.capacity} capacity did not come",
+            LOST: "the service lost the job; treated as an interruption",
         }.get(str(record.interruption), "treated as a spot interruption")
         if len(interruptions) > budget:
             return Fail(
