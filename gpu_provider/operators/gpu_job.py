@@ -24,21 +24,16 @@ from gpu_provider.backends.base import (
     JobHandle,
     JobIdentity,
     JobRequest,
-    JobState,
     JobStatus,
     TaskKey,
     check_backend_name,
     resolve_backend,
 )
-from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait, describe
+from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
-from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, AttemptWatch
-from gpu_provider.exceptions import (
-    GpuJobCancelledError,
-    GpuJobDeadlineError,
-    GpuJobPollError,
-    GpuJobStatusError,
-)
+from gpu_provider.engine.runner import AttemptRunner, poll_one, recover
+from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT
+from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError
 from gpu_provider.job import MAX_DURATION_S, is_templated, to_bool, to_seconds, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
 from gpu_provider.operators._fields import (
@@ -285,22 +280,22 @@ class GpuJobOperator(BaseOperator):
     # ------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
-        engine = self._engine(plan, self._previous_attempts(context, plan))
-        self._cancel_duplicates(context, plan, engine)
-        step = engine.resume()
+        stored = self._stored_records(context)
+        runner = self._runner(context, plan, recover(plan.backend, self._task_key(context), stored, self.log))
+        runner.cancel_duplicates({r.job_id for r in stored})
+        step = runner.engine.resume()
         if isinstance(step, Wait):
-            record = step.record
             self.log.info(
                 "Reattaching to %s left by an earlier try (%s); not submitting a new one.",
-                describe(plan.backend.name, record),
-                record.state.value,
+                runner.where(step.record),
+                step.record.state.value,
             )
-            self._take_over(plan, record)
-            self._persist(context, engine.records)
-            self._publish_link(context, plan.backend, record.handle)
+            self._handle = step.record.handle
+            runner.take_over(step.record)
+            self._publish_link(context, plan.backend, step.record.handle)
         elif isinstance(step, Succeed):
             self.log.info("Job %s of an earlier try already succeeded; returning its result.", step.record.job_id)
-        return self._run(context, plan, engine, step, self._deadline(context))
+        return self._run(context, plan, runner, step, self._deadline(context))
 
     def execute_complete(
         self,
@@ -318,19 +313,20 @@ class GpuJobOperator(BaseOperator):
         if not isinstance(event, dict) or event.get("status") not in names.EVENT_STATUSES:
             raise GpuJobPollError(f"GPU job trigger returned an unexpected event: {event!r}")
         plan = self._plan(context)
-        loaded = load_records(records) or self._previous_attempts(context, plan)
-        engine = self._engine(plan, loaded)
-        handle = JobHandle.from_dict(event["handle"])
-        self._handle = handle
+        loaded = load_records(records) or recover(
+            plan.backend, self._task_key(context), self._stored_records(context), self.log
+        )
+        runner = self._runner(context, plan, loaded)
+        handle = self._handle = JobHandle.from_dict(event["handle"])
         if event["status"] == names.EVENT_POLL_ERROR:
             raise GpuJobPollError(
                 f"{event.get('message') or 'could not read the job status'}. The job may still be running: a "
                 "retry of this task will reattach to it."
             )
-        record = engine.record_for(handle.job_id)
+        record = runner.engine.record_for(handle.job_id)
         if record is None:  # the store lost it: the event's handle is the truth
             record = AttemptRecord.new(handle, try_number=plan.try_number)
-            engine.records.append(record)
+            runner.engine.records.append(record)
         status = JobStatus.from_dict(event["job_status"])
         self._publish_log_link(context, status.log_url)
         outcome = {
@@ -340,11 +336,10 @@ class GpuJobOperator(BaseOperator):
         }.get(event["status"], ENDED)
         if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
             LogForwarder(plan.backend, handle, self.log).settle()
-        step = self._after_wait(context, plan, engine, record, status, outcome)
-        return self._run(context, plan, engine, step, deadline)
+        return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
 
-    def _engine(self, plan: _Plan, records: list[AttemptRecord]) -> AttemptEngine:
-        return AttemptEngine(
+    def _runner(self, context: Context, plan: _Plan, records: list[AttemptRecord]) -> AttemptRunner:
+        engine = AttemptEngine(
             self.capacity,
             records,
             try_number=plan.try_number,
@@ -352,15 +347,28 @@ class GpuJobOperator(BaseOperator):
             retries=int(self.retries or 0),
             resumes=bool(plan.checkpoint_uri),
         )
+        return AttemptRunner(
+            plan.backend,
+            engine,
+            log=self.log,
+            label=self._task_label(),
+            stop=self._stop,
+            persist=lambda records: self._persist(context, records),
+            on_status=lambda status: self._publish_log_link(context, status.log_url),
+            capacity_wait=self.capacity.spot_wait_timeout_s,
+            queue_timeout=self.queue_timeout_s,
+            execution_timeout=self.execution_timeout,
+        )
 
-    def _run(self, context: Context, plan: _Plan, engine: AttemptEngine, step: Step, deadline: float | None) -> Any:
+    def _run(self, context: Context, plan: _Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
         """Carry the engine's steps out until the job succeeds, the try fails, or the task defers."""
+        engine = runner.engine
         while True:
             if isinstance(step, Fail):
-                self._finish(context, plan, engine, step.record)
+                runner.collect(step.record)
                 raise step.error
             if isinstance(step, Succeed):
-                return self._succeed(context, plan, engine, step.record)
+                return runner.succeed(step.record, plan.checkpoint_uri)
             if isinstance(step, Submit):
                 if engine.note:
                     self.log.warning("%s", engine.note)
@@ -369,123 +377,37 @@ class GpuJobOperator(BaseOperator):
                 if self._stop.is_set():
                     raise GpuJobCancelledError("this task was killed before it could submit its next attempt.")
                 engine.before_submit(step)
-                step = Wait(self._submit(context, plan, engine, step))
+                step = Wait(self._submit(context, plan, runner, step))
                 continue
-            record = step.record
             if self.deferrable:
-                self._defer(plan, engine, record, deadline)
-            status, outcome = self._wait_sync(context, plan, record)
-            step = self._after_wait(context, plan, engine, record, status, outcome)
+                self._defer(plan, runner, step.record, deadline)
+            status, outcome = runner.wait(step.record, plan.poll_interval)
+            step = runner.after_wait(step.record, status, outcome)
 
-    def _after_wait(
-        self,
-        context: Context,
-        plan: _Plan,
-        engine: AttemptEngine,
-        record: AttemptRecord,
-        status: JobStatus,
-        outcome: str,
-    ) -> Step:
-        """What a wait's outcome means: an ended job goes to the engine; a timeout cancels first."""
-        backend, where = plan.backend, describe(plan.backend.name, record)
-        if outcome == CAPACITY_TIMEOUT:
-            # the sample may be stale (the trigger fired, then the task waited for a slot): look again
-            fresh = self._poll_one(backend, record.handle)
-            if fresh is not None and fresh.state is not JobState.QUEUED:
-                self.log.info("%s left the queue (%s) before its capacity wait was acted on.", where, fresh.state.value)
-                engine.saw(record, fresh)
-                self._persist(context, engine.records)
-                return engine.ended(record) if fresh.state.terminal else Wait(record)
-            wait = self.capacity.spot_wait_timeout_s or 0.0
-            reason = (
-                f"{names.CAPACITY_TIMEOUT_MARK}no {record.capacity} capacity after {wait:.0f}s waiting "
-                f"(spot_wait_timeout); given up by {self._task_label()}"
-            )
-            if not self._cancel(backend, record, reason):
-                return Wait(record)  # never leave a queued job nobody watches: wait and try again
-            engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
-            record.interruption = names.CAPACITY_TIMEOUT
-        elif outcome in (QUEUE_TIMEOUT, DEADLINE):
-            what = (
-                f"still queued after queue_timeout={self.queue_timeout_s:.0f}s"
-                if outcome == QUEUE_TIMEOUT
-                else f"still running when execution_timeout={self.execution_timeout} ran out"
-            )
-            reason = f"{what}; cancelled by {self._task_label()}"
-            cancelled = self._cancel(backend, record, reason)
-            engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
-            self._persist(context, engine.records)
-            tail = "" if cancelled else " Cancelling it failed: stop it by hand."
-            return Fail(GpuJobDeadlineError(f"{where} was {what}; it was cancelled and this try fails.{tail}"), record)
-        else:
-            engine.saw(record, status)
-        self._persist(context, engine.records)
-        return engine.ended(record, stopped_by_kill=self._stop.is_set())
-
-    def _defer(self, plan: _Plan, engine: AttemptEngine, record: AttemptRecord, deadline: float | None) -> NoReturn:
+    def _defer(self, plan: _Plan, runner: AttemptRunner, record: AttemptRecord, deadline: float | None) -> NoReturn:
         from gpu_provider.triggers.gpu_job import GpuJobTrigger
 
-        timeout = (
-            None if deadline is None else timedelta(seconds=max(0.0, deadline - time.time()) + DEFER_TIMEOUT_SLACK_S)
-        )
+        timeout = None
+        if deadline is not None:  # a backstop: the trigger fires at the deadline itself and the job is cancelled
+            timeout = timedelta(seconds=max(0.0, deadline - time.time()) + DEFER_TIMEOUT_SLACK_S)
         self.defer(
             trigger=GpuJobTrigger(
                 backend=plan.backend.spec(),
                 handle=record.handle.to_dict(),
                 poll_interval=plan.poll_interval,
-                spot_wait_timeout=self._capacity_wait(record),
-                queue_timeout=self._queue_timeout(record),
+                spot_wait_timeout=runner.capacity_wait(record),
+                queue_timeout=runner.queue_timeout(record),
                 deadline=deadline,
                 stream_logs=plan.backend.stream_logs_when_deferred,
                 task_label=self._task_label(),
             ),
             method_name="execute_complete",
-            kwargs={"records": dump_records(engine.records), "deadline": deadline},
+            kwargs={"records": dump_records(runner.engine.records), "deadline": deadline},
             timeout=timeout,
         )
         raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
 
-    def _capacity_wait(self, record: AttemptRecord) -> float | None:
-        return self.capacity.spot_wait_timeout_s if record.capacity == names.SPOT else None
-
-    def _queue_timeout(self, record: AttemptRecord) -> float | None:
-        return self.queue_timeout_s if self._capacity_wait(record) is None else None
-
-    def _wait_sync(self, context: Context, plan: _Plan, record: AttemptRecord) -> tuple[JobStatus, str]:
-        """Poll in the worker until the attempt ends or a wait limit passes; stream its log into the task log."""
-        handle = record.handle
-        watch = AttemptWatch(
-            plan.backend,
-            handle,
-            capacity_wait=self._capacity_wait(record),
-            queue_timeout=self._queue_timeout(record),
-            log=self.log,
-        )
-        while not self._stop.is_set():
-            try:
-                status: JobStatus | GpuJobStatusError = plan.backend.poll([handle])[handle.job_id]
-                if isinstance(status, GpuJobStatusError):
-                    raise status
-            except Exception as err:
-                give_up = watch.failed_read(err)
-                if give_up:
-                    raise GpuJobPollError(
-                        f"{give_up}. The job may still be running: a retry of this task will reattach to it."
-                    ) from err
-                self._stop.wait(plan.poll_interval)
-                continue
-            self._publish_log_link(context, status.log_url)
-            outcome = watch.read(status)
-            if outcome is not None:
-                if status.state is JobState.SUCCEEDED and not status.output_uri and watch.output_uri:
-                    status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
-                return status, outcome
-            self._stop.wait(plan.poll_interval)
-        # killed: on_kill cancelled the job; stop polling at once and say how the attempt ended
-        raise GpuJobCancelledError(f"{describe(plan.backend.name, record)} was cancelled because this task was killed.")
-
-    # ------------------------------------------------------------------ attempts
-    def _submit(self, context: Context, plan: _Plan, engine: AttemptEngine, step: Submit) -> AttemptRecord:
+    def _submit(self, context: Context, plan: _Plan, runner: AttemptRunner, step: Submit) -> AttemptRecord:
         resume_from = self._latest_checkpoint(plan.backend, plan.checkpoint_uri)
         identity = JobIdentity(
             task=self._task_key(context),
@@ -515,8 +437,7 @@ class GpuJobOperator(BaseOperator):
             priority=self.job_priority,
             capacity_wait_s=self.capacity.spot_wait_timeout_s if step.capacity == names.SPOT else None,
         )
-        handle = plan.backend.submit(request)
-        self._handle = handle
+        handle = self._handle = plan.backend.submit(request)
         self.log.info(
             "Submitted %s job %s (attempt %d, %s capacity, %s GPU(s) x %d node(s)), %s; env keys: %s",
             plan.backend.name,
@@ -528,116 +449,31 @@ class GpuJobOperator(BaseOperator):
             f"resuming from {resume_from}" if resume_from else "starting fresh (no checkpoint yet)",
             ", ".join(sorted(env)) or "-",
         )
-        record = engine.record_for(handle.job_id)  # an adopted job (create-or-adopt) keeps its record
+        record = runner.engine.record_for(handle.job_id)  # an adopted job (create-or-adopt) keeps its record
         if record is None:
             record = AttemptRecord.new(handle, resume_from=resume_from, try_number=plan.try_number)
-            engine.records.append(record)
-        self._persist(context, engine.records)
+            runner.engine.records.append(record)
+        runner.persist()
         self._publish_link(context, plan.backend, handle)
         return record
-
-    def _succeed(self, context: Context, plan: _Plan, engine: AttemptEngine, record: AttemptRecord) -> Any:
-        if not record.output_uri:
-            # a job that declared its output in its log (non-local backends); read it if not seen yet
-            reader = LogForwarder(plan.backend, record.handle, self.log, copy=False)
-            reader.pump(drain=True)
-            record.output_uri = reader.output_uri
-        self._finish(context, plan, engine, record)
-        result = engine.result(plan.checkpoint_uri)
-        self.log.info(
-            "%s SUCCEEDED after %d attempt(s); %.1f GPU-seconds in all.",
-            describe(plan.backend.name, record),
-            len(result["attempts"]),
-            result["gpu_seconds"],
-        )
-        return result
-
-    def _finish(self, context: Context, plan: _Plan, engine: AttemptEngine, record: AttemptRecord | None) -> None:
-        """This try consumed ``record``'s outcome: mark it collected, so a cleared task runs the job anew."""
-        if record is not None and record.state.terminal and record.owner_try in (None, plan.try_number):
-            record.collected = True
-            try:
-                plan.backend.mark(record.handle, collected=True)
-            except Exception as err:  # the store keeps the mark too
-                self.log.warning("Could not mark job %s as collected on the service: %s", record.job_id, err)
-        self._persist(context, engine.records)
-
-    def _take_over(self, plan: _Plan, record: AttemptRecord) -> None:
-        """This try now owns ``record``: a zombie earlier try must not cancel it or submit its successor."""
-        record.owner_try = plan.try_number
-        self._handle = record.handle
-        try:
-            plan.backend.mark(record.handle, owner_try=plan.try_number)
-        except Exception as err:
-            self.log.warning("Could not mark job %s as owned by try %d: %s", record.job_id, plan.try_number, err)
-
-    def _cancel(self, backend: Backend, record: AttemptRecord, reason: str) -> bool:
-        try:
-            backend.cancel(record.handle, reason)
-            return True
-        except Exception as err:
-            self.log.warning("Could not cancel %s: %s", describe(backend.name, record), err)
-            return False
-
-    @staticmethod
-    def _poll_one(backend: Backend, handle: JobHandle) -> JobStatus | None:
-        try:
-            status = backend.poll([handle]).get(handle.job_id)
-        except Exception:
-            return None
-        return status if isinstance(status, JobStatus) else None
 
     def _task_key(self, context: Context) -> TaskKey:
         ti = context["ti"]
         map_index = getattr(ti, "map_index", -1)
-        return TaskKey(
-            dag_id=ti.dag_id,
-            task_id=ti.task_id,
-            run_id=ti.run_id,
-            map_index=-1 if map_index is None else int(map_index),
-        )
-
-    def _previous_attempts(self, context: Context, plan: _Plan) -> list[AttemptRecord]:
-        """Attempt records of earlier tries, refreshed with each attempt's current status.
-
-        The task state store keeps the full records (resume point, owner, interruption kind). The
-        backend's lookup by identity is asked too: it also finds an attempt submitted just before a
-        crash that kept its record from reaching the store, so that attempt is reattached, not duplicated.
-        """
-        records: list[AttemptRecord] = []
-        store = context.get("task_state_store")
-        if store is not None:
-            try:
-                records = load_records(store.get(STATE_KEY))
-            except Exception as err:  # the store is an optimisation; the backend lookup still works
-                self.log.warning("Could not read the task state store (%s); asking the backend instead.", err)
-        self._stored = {r.job_id for r in records}
-        known = set(self._stored)
-        records += [
-            AttemptRecord.new(h) for h in plan.backend.find_existing(self._task_key(context)) if h.job_id not in known
-        ]
-        records.sort(key=lambda r: (r.attempt, r.handle.submitted_at))
-        if records:
-            statuses = plan.backend.poll([r.handle for r in records])
-            for record in records:
-                status = statuses.get(record.job_id)
-                if isinstance(status, JobStatus):
-                    record.update(status)
-                elif status is not None:
-                    self.log.warning("Could not read the status of job %s: %s", record.job_id, status)
-        return records
-
-    def _cancel_duplicates(self, context: Context, plan: _Plan, engine: AttemptEngine) -> None:
-        """Two live attempts of one task instance (a re-sent submit, a zombie try): keep one, cancel the rest."""
-        for extra in engine.duplicates(getattr(self, "_stored", set())):
-            reason = f"duplicate attempt of {self._task_label()}; another attempt of the task is kept"
-            self.log.warning("Found a second live attempt, %s: cancelling it.", describe(plan.backend.name, extra))
-            if self._cancel(plan.backend, extra, reason):
-                extra.update(JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
-                extra.collected = True
-        self._persist(context, engine.records)
+        map_index = -1 if map_index is None else int(map_index)
+        return TaskKey(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
 
     # ------------------------------------------------------------------ records, links, logs
+    def _stored_records(self, context: Context) -> list[AttemptRecord]:
+        store = context.get("task_state_store")
+        if store is None:
+            return []
+        try:
+            return load_records(store.get(STATE_KEY))
+        except Exception as err:  # the store is an optimisation; the backend lookup still works
+            self.log.warning("Could not read the task state store (%s); asking the backend instead.", err)
+            return []
+
     def _persist(self, context: Context, records: list[AttemptRecord]) -> None:
         store = context.get("task_state_store")
         if store is None:
@@ -687,7 +523,7 @@ class GpuJobOperator(BaseOperator):
             return
         try:
             backend = self._backend or resolve_backend(self.backend)
-            status = self._poll_one(backend, handle)
+            status = poll_one(backend, handle)
             mine = self._try_number
             if status is not None and status.owner_try is not None and mine is not None and status.owner_try > mine:
                 self.log.info(

@@ -1,0 +1,229 @@
+"""The service side of one try: recover earlier attempts, wait, act on a wait's outcome, collect.
+
+:class:`AttemptRunner` carries out what :class:`~gpu_provider.engine.attempts.AttemptEngine`
+decides, through the backend contract only. It knows nothing of Airflow: the operator hands it a
+logger, a stop event (set by ``on_kill``), and callbacks that save the records and show a status's
+log link.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpu_provider import names
+from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
+from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Wait, describe
+from gpu_provider.engine.logs import LogForwarder
+from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, AttemptWatch
+from gpu_provider.exceptions import GpuJobCancelledError, GpuJobDeadlineError, GpuJobPollError, GpuJobStatusError
+from gpu_provider.records import AttemptRecord
+
+
+def recover(backend: Backend, task: TaskKey, stored: list[AttemptRecord], log: Any) -> list[AttemptRecord]:
+    """Every attempt of a task instance, refreshed with its current status.
+
+    ``stored`` are the records from the task state store (resume point, owner, interruption
+    kind). The backend's lookup by identity is asked too: it also finds an attempt submitted just
+    before a crash kept its record from the store, so that attempt is reattached, not duplicated.
+    """
+    known = {r.job_id for r in stored}
+    records = list(stored) + [AttemptRecord.new(h) for h in backend.find_existing(task) if h.job_id not in known]
+    records.sort(key=lambda r: (r.attempt, r.handle.submitted_at))
+    if records:
+        statuses = backend.poll([r.handle for r in records])
+        for record in records:
+            status = statuses.get(record.job_id)
+            if isinstance(status, JobStatus):
+                record.update(status)
+            elif status is not None:
+                log.warning("Could not read the status of job %s: %s", record.job_id, status)
+    return records
+
+
+def poll_one(backend: Backend, handle: JobHandle) -> JobStatus | None:
+    """One attempt's status, or ``None`` when it cannot be read now."""
+    try:
+        status = backend.poll([handle]).get(handle.job_id)
+    except Exception:
+        return None
+    return status if isinstance(status, JobStatus) else None
+
+
+class AttemptRunner:
+    """Carries out one try's steps on a backend.
+
+    :param label: names the task and run in reasons given to the service ("Airflow task d.t of run r")
+    :param persist: saves the records (the task state store); called after every change
+    :param on_status: sees every status sample of the sync wait (the operator updates its log link)
+    :param capacity_wait: the policy's ``spot_wait_timeout`` (applies to spot attempts)
+    :param queue_timeout: how long any other attempt may stay queued
+    :param execution_timeout: the task's, for messages
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        engine: AttemptEngine,
+        *,
+        log: Any,
+        label: str,
+        stop: threading.Event,
+        persist: Callable[[list[AttemptRecord]], None],
+        on_status: Callable[[JobStatus], None] = lambda status: None,
+        capacity_wait: float | None = None,
+        queue_timeout: float | None = None,
+        execution_timeout: Any = None,
+    ) -> None:
+        self.backend = backend
+        self.engine = engine
+        self.log = log
+        self.label = label
+        self.stop = stop
+        self._persist = persist
+        self.on_status = on_status
+        self.capacity_wait_s = capacity_wait
+        self.queue_timeout_s = queue_timeout
+        self.execution_timeout = execution_timeout
+
+    def persist(self) -> None:
+        self._persist(self.engine.records)
+
+    def where(self, record: AttemptRecord) -> str:
+        return describe(self.backend.name, record)
+
+    # --- limits of one attempt's wait ------------------------------------------------------------
+    def capacity_wait(self, record: AttemptRecord) -> float | None:
+        return self.capacity_wait_s if record.capacity == names.SPOT else None
+
+    def queue_timeout(self, record: AttemptRecord) -> float | None:
+        return self.queue_timeout_s if self.capacity_wait(record) is None else None
+
+    # --- at the start of a try -------------------------------------------------------------------
+    def cancel_duplicates(self, stored: set[str]) -> None:
+        """Two live attempts of one task instance (a re-sent submit, a zombie try): keep one, cancel the rest."""
+        for extra in self.engine.duplicates(stored):
+            reason = f"duplicate attempt of {self.label}; another attempt of the task is kept"
+            self.log.warning("Found a second live attempt, %s: cancelling it.", self.where(extra))
+            if self.cancel(extra, reason):
+                extra.update(JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
+                extra.collected = True
+        self.persist()
+
+    def take_over(self, record: AttemptRecord) -> None:
+        """This try owns ``record`` from now on: a zombie earlier try must not cancel it or resubmit."""
+        record.owner_try = self.engine.try_number
+        try:
+            self.backend.mark(record.handle, owner_try=self.engine.try_number)
+        except Exception as err:  # the store keeps the owner too
+            self.log.warning("Could not mark job %s as owned by try %d: %s", record.job_id, record.owner_try, err)
+        self.persist()
+
+    # --- waiting ---------------------------------------------------------------------------------
+    def wait(self, record: AttemptRecord, poll_interval: float) -> tuple[JobStatus, str]:
+        """Poll in the worker until the attempt ends or a wait limit passes; stream its log meanwhile."""
+        handle = record.handle
+        watch = AttemptWatch(
+            self.backend,
+            handle,
+            capacity_wait=self.capacity_wait(record),
+            queue_timeout=self.queue_timeout(record),
+            log=self.log,
+        )
+        while not self.stop.is_set():
+            try:
+                status = self.backend.poll([handle])[handle.job_id]
+                if isinstance(status, GpuJobStatusError):
+                    raise status
+            except Exception as err:
+                give_up = watch.failed_read(err)
+                if give_up:
+                    raise GpuJobPollError(
+                        f"{give_up}. The job may still be running: a retry of this task will reattach to it."
+                    ) from err
+                self.stop.wait(poll_interval)
+                continue
+            self.on_status(status)
+            outcome = watch.read(status)
+            if outcome is not None:
+                if status.state is JobState.SUCCEEDED and not status.output_uri and watch.output_uri:
+                    status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
+                return status, outcome
+            self.stop.wait(poll_interval)
+        # killed: on_kill cancelled the job; stop polling at once
+        raise GpuJobCancelledError(f"{self.where(record)} was cancelled because this task was killed.")
+
+    def after_wait(self, record: AttemptRecord, status: JobStatus, outcome: str) -> Step:
+        """What a wait's outcome means: an ended job goes to the engine; a timeout cancels the job first."""
+        engine = self.engine
+        if outcome == CAPACITY_TIMEOUT:
+            # the sample may be stale (the trigger fired, then the task waited for a slot): look again
+            fresh = poll_one(self.backend, record.handle)
+            if fresh is not None and fresh.state is not JobState.QUEUED:
+                self.log.info(
+                    "%s left the queue (%s) before its wait was given up.", self.where(record), fresh.state.value
+                )
+                engine.saw(record, fresh)
+                self.persist()
+                return engine.ended(record) if fresh.state.terminal else Wait(record)
+            reason = (
+                f"{names.CAPACITY_TIMEOUT_MARK}no {record.capacity} capacity after {self.capacity_wait_s or 0:.0f}s "
+                f"waiting (spot_wait_timeout); given up by {self.label}"
+            )
+            if not self.cancel(record, reason):
+                return Wait(record)  # never leave a queued job nobody watches: wait, and try again next time
+            engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
+            record.interruption = names.CAPACITY_TIMEOUT
+        elif outcome in (QUEUE_TIMEOUT, DEADLINE):
+            what = (
+                f"still queued after queue_timeout={self.queue_timeout_s or 0:.0f}s"
+                if outcome == QUEUE_TIMEOUT
+                else f"still running when the task's execution_timeout ({self.execution_timeout}) ran out"
+            )
+            cancelled = self.cancel(record, f"{what}; cancelled by {self.label}")
+            engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=what, ended_at=time.time()))
+            self.persist()
+            tail = "" if cancelled else " Cancelling it failed: stop it by hand."
+            error = GpuJobDeadlineError(f"{self.where(record)} was {what}; it was cancelled and this try fails.{tail}")
+            return Fail(error, record)
+        else:
+            engine.saw(record, status)
+        self.persist()
+        return engine.ended(record, stopped_by_kill=self.stop.is_set())
+
+    # --- the end of a try ------------------------------------------------------------------------
+    def succeed(self, record: AttemptRecord, checkpoint_uri: str | None) -> dict[str, Any]:
+        """Collect a succeeded attempt: its declared output (read from its log if not seen yet), the result."""
+        if not record.output_uri:
+            reader = LogForwarder(self.backend, record.handle, self.log, copy=False)
+            reader.pump(drain=True)
+            record.output_uri = reader.output_uri
+        self.collect(record)
+        result = self.engine.result(checkpoint_uri)
+        self.log.info(
+            "%s SUCCEEDED after %d attempt(s); %.1f GPU-seconds in all.",
+            self.where(record),
+            len(result["attempts"]),
+            result["gpu_seconds"],
+        )
+        return result
+
+    def collect(self, record: AttemptRecord | None) -> None:
+        """This try consumed ``record``'s outcome: mark it collected, so a cleared task runs the job anew."""
+        if record is not None and record.state.terminal and record.owner_try in (None, self.engine.try_number):
+            record.collected = True
+            try:
+                self.backend.mark(record.handle, collected=True)
+            except Exception as err:  # the store keeps the mark too
+                self.log.warning("Could not mark job %s as collected on the service: %s", record.job_id, err)
+        self.persist()
+
+    def cancel(self, record: AttemptRecord, reason: str) -> bool:
+        try:
+            self.backend.cancel(record.handle, reason)
+            return True
+        except Exception as err:
+            self.log.warning("Could not cancel %s: %s", self.where(record), err)
+            return False
