@@ -1,28 +1,38 @@
 """Example ML pipeline: preprocess -> distributed training (2 nodes) -> batch inference.
 
-Every stage is a ``GpuJobOperator``. The stages are chained through XCom: each job declares its
-output URI (``gpu_provider.runtime.declare_output``), the operator returns it as ``output_uri``,
-and the next stage's command reads it with ``ti.xcom_pull``. The schedule is weekly and every data
-path comes from the data interval, so a backfill retrains on past weeks.
+Every stage is a ``GpuJobOperator`` running one of the example job programs shipped in the package
+(``python -m gpu_provider.examples.<stage>``), so the pipeline runs from a pip install and from a
+trainer image with the package installed. The stages are chained through XCom: each job declares
+its output URI (``gpu_provider.runtime.declare_output``), the operator returns it as
+``output_uri``, and the next stage's command reads it with ``ti.xcom_pull``. The schedule is weekly
+and every data path comes from the data interval, so a backfill retrains on past weeks.
 
-Trigger it from the UI to get a form (backend per stage, epochs, simulated spot interruption).
+Trigger it from the UI to get a form: the backend per stage, epochs, seconds per training step and
+simulated spot interruptions. The form is user input, so it offers only choices that cannot run
+another program or write elsewhere: enums and bounded numbers. The executable, the image and the
+data root come from the deployment, read when the file is parsed:
+
+* ``GPU_PIPELINE_BACKEND`` (default ``local``): the stages' default backend. It shapes the stages:
+  AWS Batch gives whole GPUs only and cannot run multi-node jobs on spot, so there training is one
+  node with spot fallback and inference takes a whole GPU; elsewhere training runs on 2 nodes and
+  inference shares half a GPU.
+* ``GPU_PIPELINE_DATA_ROOT`` (default ``file://$AIRFLOW_HOME/gpu_pipeline_data``): a ``file://`` URI
+  of an absolute folder; every stage reads and writes under it, and training prunes old
+  checkpoints only under it.
+* ``GPU_PIPELINE_IMAGE``: the container image of the stages on container backends.
+
 ``make demo`` runs it on the local backend with one simulated interruption during training;
 ``make demo BACKEND=batch`` on AWS Batch (an emulator), with one spot job reclaimed during training.
-
-Which backend a deployment runs the stages on by default is read when the file is parsed, from
-``GPU_PIPELINE_BACKEND`` (default ``local``), because it shapes the stages: AWS Batch gives whole
-GPUs only and cannot run multi-node jobs on spot, so there training is one node with spot
-fallback and inference takes a whole GPU; elsewhere training runs on 2 nodes and inference
-shares half a GPU. ``GPU_PIPELINE_IMAGE`` is the container image of the stages on container
-backends.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from airflow.sdk import DAG, Param
 from airflow.timetables.interval import CronDataIntervalTimetable
@@ -30,19 +40,51 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 from gpu_provider import Checkpoint, GpuResources, SpotFallback
 from gpu_provider.operators import GpuJobOperator
 
-# Defaults for the local backend: this interpreter and the job programs in this repository.
-# On a container backend, set the params python=python and jobs_dir=<where the image has them>.
-_REPO = Path(__file__).resolve().parent.parent
-_DATA_ROOT = os.environ.get(
-    "GPU_PIPELINE_DATA_ROOT",
-    "file://" + str(Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "gpu_pipeline_data"),
-)
+
+def _data_root() -> str:
+    """``GPU_PIPELINE_DATA_ROOT``, checked: a ``file://`` URI of an absolute folder (what the example jobs read)."""
+    default = Path(os.environ.get("AIRFLOW_HOME", Path.home() / "airflow")) / "gpu_pipeline_data"
+    root = os.environ.get("GPU_PIPELINE_DATA_ROOT", "").strip() or default.as_uri()
+    parts = urlsplit(root)
+    # the value is not echoed: it comes from the deployment's environment
+    if (
+        parts.scheme != "file"
+        or parts.netloc
+        or parts.query
+        or parts.fragment
+        or not parts.path.startswith("/")
+        or ".." in parts.path.split("/")
+        or "{" in root  # it becomes part of the stages' templates
+    ):
+        raise ValueError(
+            "GPU_PIPELINE_DATA_ROOT must be a file:// URI of an absolute folder without '..', '{', a query or a "
+            "fragment, e.g. file:///var/lib/gpu_pipeline (the example job programs read and write local files)"
+        )
+    return root.rstrip("/")
+
+
+def _path_segment(text: str) -> str:
+    """``text`` as one folder name: run ids are chosen by whoever triggers a run, so no ``/`` or ``..``."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", text.replace(":", "-"))
+
+
 _BACKEND = os.environ.get("GPU_PIPELINE_BACKEND", "local")
 _ON_BATCH = _BACKEND == "batch"
 _BACKENDS = ["local", "batch"]  # the backends this example is shaped for
+_IMAGE = os.environ.get("GPU_PIPELINE_IMAGE", "")
+_DATA_ROOT = _data_root()
+# The interpreter of the jobs per backend, fixed here: the worker's own on the local backend (it has
+# this package), the image's `python` on container backends. A form param selects a key, never a value.
+_PYTHON = {"local": sys.executable, "batch": "python"}
 
-WEEK = "{{ params.data_root }}/{{ data_interval_start | ds }}"
-RUN = WEEK + "/runs/{{ run_id | replace(':', '-') | replace('+', '_') }}"
+WEEK = _DATA_ROOT + "/{{ data_interval_start | ds }}"
+RUN = WEEK + "/runs/{{ run_id | path_segment }}"
+
+
+def _stage(stage: str, backend_param: str) -> list[str]:
+    """The start of a stage's command: the backend's interpreter running the packaged job program."""
+    return ["{{ job_python[params." + backend_param + "] }}", "-m", f"gpu_provider.examples.{stage}"]
+
 
 with DAG(
     dag_id="gpu_ml_pipeline",
@@ -54,18 +96,16 @@ with DAG(
     max_active_runs=1,
     tags=["gpu", "example"],
     default_args={"retries": 1, "retry_delay": timedelta(seconds=5)},
+    user_defined_macros={"job_python": _PYTHON},
+    user_defined_filters={"path_segment": _path_segment},
+    # The trigger form: only enums and bounded numbers (see the module docstring).
     params={
         "preprocess_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: preprocess"),
         "train_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: training"),
         "infer_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: inference"),
-        "image": Param(
-            os.environ.get("GPU_PIPELINE_IMAGE", ""),
-            type="string",
-            title="Container image of the jobs (container backends such as batch; unused locally)",
-        ),
         "epochs": Param(4, type="integer", minimum=1, maximum=100, title="Training epochs"),
         "step_delay": Param(
-            0.05, type="number", minimum=0, title="Seconds per training step (slows the toy model down)"
+            0.05, type="number", minimum=0, maximum=10, title="Seconds per training step (slows the toy model down)"
         ),
         "simulate_preemption_after": Param(
             "",
@@ -73,21 +113,16 @@ with DAG(
             title="Simulated spot interruptions (local backend)",
             description="Seconds after start at which successive spot training attempts are interrupted, "
             "comma-separated (e.g. '4' or '4,3'); empty for none.",
+            pattern=r"^(\d{1,5}(\.\d{1,3})?(,\d{1,5}(\.\d{1,3})?){0,9})?$",
         ),
-        "data_root": Param(
-            _DATA_ROOT, type="string", title="Data root (a file:// URI; the example jobs read and write files)"
-        ),
-        "python": Param(sys.executable, type="string", title="Python interpreter of the jobs"),
-        "jobs_dir": Param(str(_REPO / "jobs"), type="string", title="Folder holding the job programs"),
     },
 ) as dag:
     preprocess = GpuJobOperator(
         task_id="preprocess",
         backend="{{ params.preprocess_backend }}",
-        image="{{ params.image }}",
+        image=_IMAGE,
         command=[
-            "{{ params.python }}",
-            "{{ params.jobs_dir }}/preprocess.py",
+            *_stage("preprocess", "preprocess_backend"),
             "--start",
             "{{ data_interval_start | ds }}",
             "--end",
@@ -109,10 +144,9 @@ with DAG(
             # a LocalBackend option; renders empty (= not given) on other backends
             "simulate_preemptions": "{{ params.simulate_preemption_after if params.train_backend == 'local' else '' }}",
         },
-        image="{{ params.image }}",
+        image=_IMAGE,
         command=[
-            "{{ params.python }}",
-            "{{ params.jobs_dir }}/train.py",
+            *_stage("train", "train_backend"),
             "--data",
             "{{ ti.xcom_pull(task_ids='preprocess')['output_uri'] }}",
             "--out",
@@ -134,10 +168,9 @@ with DAG(
     infer = GpuJobOperator(
         task_id="batch_inference",
         backend="{{ params.infer_backend }}",
-        image="{{ params.image }}",
+        image=_IMAGE,
         command=[
-            "{{ params.python }}",
-            "{{ params.jobs_dir }}/infer.py",
+            *_stage("infer", "infer_backend"),
             "--model",
             "{{ ti.xcom_pull(task_ids='train')['output_uri'] }}",
             "--data",

@@ -1,21 +1,42 @@
-"""The example pipeline, end to end, as `make demo` runs it (real Airflow, real local jobs)."""
+"""The example pipeline, end to end, as `make demo` runs it (real Airflow, real local jobs), and its trigger form."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.batch_world import BatchWorld
 from tests.harness import REPO, Harness
+
+DAG_FILE = REPO / "dags" / "gpu_ml_pipeline.py"
+#: what the trigger form offers: backends (enums), epochs and pacing (bounded numbers), a checked list of seconds
+FORM = {"preprocess_backend", "train_backend", "infer_backend", "epochs", "step_delay", "simulate_preemption_after"}
+
+
+def load_dag(monkeypatch: pytest.MonkeyPatch, **env: str) -> Any:
+    """The DAG as a DAG processor parses it, with ``env`` as the deployment's environment."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    bag = DagBag(dag_folder=str(DAG_FILE))
+    assert bag.import_errors == {}
+    return bag.dags["gpu_ml_pipeline"]
 
 
 def test_dag_file_parses_without_import_errors(airflow_home: Path) -> None:
     from airflow.dag_processing.dagbag import DagBag
 
-    bag = DagBag(dag_folder=str(REPO / "dags"))
+    bag = DagBag(dag_folder=str(DAG_FILE))
     assert bag.import_errors == {}
     dag = bag.dags["gpu_ml_pipeline"]
     assert [t.task_id for t in dag.topological_sort()] == ["preprocess", "train", "batch_inference"]
@@ -26,21 +47,18 @@ def test_dag_file_parses_without_import_errors(airflow_home: Path) -> None:
 
 def test_pipeline_runs_end_to_end_with_one_interruption(harness: Harness) -> None:
     dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
-    shutil.copy(REPO / "dags" / "gpu_ml_pipeline.py", dag_file)
+    shutil.copy(DAG_FILE, dag_file)
     data_root = harness.tmp / "data"
-    conf = {
-        "jobs_dir": str(REPO / "jobs"),
-        "epochs": 3,
-        "step_delay": 0.04,
-        "simulate_preemption_after": "3",
-        "data_root": f"file://{data_root}",
-    }
+    conf = {"epochs": 3, "step_delay": 0.04, "simulate_preemption_after": "3"}
     run = harness.run(
         dag_file,
         "gpu_ml_pipeline",
         logical_date="2026-03-02T00:00:00+00:00",
         conf=conf,
-        extra_env={"AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(harness.state_dir)},
+        extra_env={
+            "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(harness.state_dir),
+            "GPU_PIPELINE_DATA_ROOT": data_root.as_uri(),
+        },
     )
     assert run.result["state"].endswith("success"), run.log[-4000:]
     prep, train, infer = (run.task(t)["xcom"] for t in ("preprocess", "train", "batch_inference"))
@@ -62,16 +80,17 @@ def test_pipeline_runs_end_to_end_with_one_interruption(harness: Harness) -> Non
 def test_pipeline_runs_on_batch_with_a_reclaimed_spot_host(harness: Harness, batch: BatchWorld) -> None:
     """`make demo BACKEND=batch` as a test: every stage is a Batch job; the spot training host is reclaimed."""
     dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
-    shutil.copy(REPO / "dags" / "gpu_ml_pipeline.py", dag_file)
+    shutil.copy(DAG_FILE, dag_file)
     data_root = harness.tmp / "data"
     batch.emulator.preempt_after(2.0, queue=batch.setup.spot_queue, name_contains="-train-")
-    conf = {"jobs_dir": str(REPO / "jobs"), "epochs": 3, "step_delay": 0.04, "data_root": f"file://{data_root}"}
+    conf = {"epochs": 3, "step_delay": 0.04}
     run = harness.run(
         dag_file,
         "gpu_ml_pipeline",
         logical_date="2026-03-02T00:00:00+00:00",
         conf=conf,
         extra_env={
+            "GPU_PIPELINE_DATA_ROOT": data_root.as_uri(),
             "GPU_PIPELINE_BACKEND": "batch",
             "GPU_PIPELINE_IMAGE": "gpu-pipeline:test",
             "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": batch.setup.spot_queue,
@@ -102,3 +121,139 @@ def test_pipeline_runs_on_batch_with_a_reclaimed_spot_host(harness: Harness, bat
     ]
     metrics = json.loads((Path(infer["output_uri"].removeprefix("file://")) / "metrics.json").read_text())
     assert metrics["accuracy"] > 0.8
+
+
+# ------------------------------------------------------------------------------------------ the trigger form
+
+
+def test_the_form_offers_no_executable_image_or_path(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dag = load_dag(monkeypatch)
+    assert set(dag.params) == FORM
+    for name in FORM:
+        schema = dag.params.get_param(name).schema
+        bounded = "enum" in schema or "pattern" in schema or {"minimum", "maximum"} <= set(schema)
+        assert bounded, f"param {name} accepts free input: {schema}"
+    # every params.<name> the tasks use is one of the form's checked params
+    used = {
+        name
+        for task in dag.tasks
+        for field in task.template_fields
+        for name in re.findall(r"params\.(\w+)", json.dumps(getattr(task, field), default=str))
+    }
+    assert used <= FORM, used - FORM
+    # the executable is chosen by the backend enum from values fixed in the DAG file; the program is a module
+    for task in dag.tasks:
+        stage = task.task_id.replace("batch_inference", "infer")
+        assert task.command[:3] == [
+            f"{{{{ job_python[params.{stage}_backend] }}}}",
+            "-m",
+            f"gpu_provider.examples.{stage}",
+        ]
+    assert dag.user_defined_macros["job_python"] == {"local": sys.executable, "batch": "python"}
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        {"train_backend": "/bin/sh"},
+        {"simulate_preemption_after": "4; touch /tmp/x"},
+        {"simulate_preemption_after": "{{ 7 * 7 }}"},
+        {"epochs": 10**9},
+        {"step_delay": 1e308},
+        {"step_delay": -1},
+    ],
+    ids=["backend", "shell", "template", "epochs", "step-delay-huge", "step-delay-negative"],
+)
+def test_hostile_form_values_are_refused(
+    conf: dict[str, Any], airflow_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.sdk.definitions.param import ParamValidationError
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    # the DAG as the scheduler and the API server hold it; creating a run with `conf` validates it like this
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(load_dag(monkeypatch)))
+    with pytest.raises(ParamValidationError):
+        dag.params.deep_merge(conf).validate()
+    dag.params.deep_merge({"train_backend": "batch", "simulate_preemption_after": "4,3.5", "epochs": 2}).validate()
+
+
+def test_a_run_with_a_hostile_backend_is_refused_before_any_job(harness: Harness) -> None:
+    dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
+    shutil.copy(DAG_FILE, dag_file)
+    proc, out, log = harness.start(
+        dag_file,
+        "gpu_ml_pipeline",
+        conf={"preprocess_backend": "/bin/sh"},
+        extra_env={"AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(harness.state_dir)},
+    )
+    assert proc.wait(timeout=120) != 0
+    assert not out.exists()
+    assert "ParamValidationError" in log.read_text()
+    assert not (harness.state_dir / "jobs").exists() or not any((harness.state_dir / "jobs").iterdir())
+
+
+def test_conf_keys_outside_the_form_have_no_effect(harness: Harness) -> None:
+    """The keys the form once had (interpreter, job folder, data root, image) change nothing when sent anyway."""
+    dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
+    shutil.copy(DAG_FILE, dag_file)
+    data_root, elsewhere, marker = harness.tmp / "data", harness.tmp / "elsewhere", harness.tmp / "ran"
+    canary = harness.tmp / "canary.sh"
+    canary.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    canary.chmod(0o755)
+    conf = {
+        "python": str(canary),
+        "jobs_dir": str(elsewhere),
+        "data_root": elsewhere.as_uri(),
+        "image": "attacker/image:latest",
+        "epochs": 1,
+        "step_delay": 0,
+    }
+    run = harness.run(
+        dag_file,
+        "gpu_ml_pipeline",
+        logical_date="2026-03-02T00:00:00+00:00",
+        conf=conf,
+        extra_env={
+            "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(harness.state_dir),
+            "GPU_PIPELINE_DATA_ROOT": data_root.as_uri(),
+        },
+    )
+    assert run.result["state"].endswith("success"), run.log[-4000:]
+    assert not marker.exists(), "the interpreter from the conf ran"
+    assert not elsewhere.exists(), "something was written under the data root from the conf"
+    outputs = [run.task(t)["xcom"]["output_uri"] for t in ("preprocess", "train", "batch_inference")]
+    assert all(uri.startswith(data_root.as_uri() + "/2026-02-23/") for uri in outputs), outputs
+
+
+@pytest.mark.parametrize(
+    "root",
+    ["s3://bucket/data", "file://host/data", "data/relative", "file:///srv/../etc", "file:///srv/{{ params.x }}"],
+)
+def test_a_bad_data_root_from_the_deployment_fails_the_parse(
+    root: str, airflow_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("GPU_PIPELINE_DATA_ROOT", root)
+    errors = DagBag(dag_folder=str(DAG_FILE)).import_errors
+    (message,) = errors.values()
+    assert "GPU_PIPELINE_DATA_ROOT must be a file:// URI of an absolute folder" in message
+    assert root not in message, "the environment's value is not echoed"
+
+
+def test_a_run_id_becomes_one_folder_name(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    segment = load_dag(monkeypatch).user_defined_filters["path_segment"]
+    assert segment("manual__2026-03-02T00:00:00+00:00") == "manual__2026-03-02T00-00-00_00-00"
+    assert segment("../../etc/cron.d") == "______etc_cron_d"
+
+
+def test_parsing_the_dag_imports_no_job_code(tmp_path: Path) -> None:
+    code = (
+        "import runpy, sys\n"
+        f"runpy.run_path({str(DAG_FILE)!r})\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('numpy', 'gpu_provider.examples'))))\n"
+    )
+    env = {**os.environ, "GPU_PIPELINE_DATA_ROOT": tmp_path.as_uri()}
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
