@@ -18,9 +18,23 @@ LOGS_URL_XCOM_KEY = "_link_GpuJobLogsLink"
 
 
 def _stored_link(key: str, ti_key: TaskInstanceKey) -> str:
+    """The URL the operator stored under ``key``, or "" when it stored none.
+
+    No link is normal: a task that failed before submitting has none, and a backend without a log
+    view never writes the logs link. ``XCom.get_value`` on an absent key makes the supervisor log
+    "XCom not found" at error level, so the key is first looked up with ``get_all``, which answers
+    an absent key with ``None`` quietly.
+
+    :param key: the link's XCom key.
+    :param ti_key: the task instance whose link is asked for.
+    """
     from airflow.sdk.execution_time.xcom import XCom
 
-    url = XCom.get_value(key=key, ti_key=ti_key)
+    found = XCom.get_all(key=key, dag_id=ti_key.dag_id, task_id=ti_key.task_id, run_id=ti_key.run_id)
+    if not found:
+        return ""
+    # an unmapped task has one value; a mapped one has one per map index that stored one (position != index)
+    url = found[0] if ti_key.map_index < 0 else XCom.get_value(key=key, ti_key=ti_key)
     return str(url) if url else ""
 
 

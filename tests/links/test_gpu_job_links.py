@@ -1,0 +1,41 @@
+"""The extra links: kept when the operator stored one, empty and quiet when it did not."""
+
+from __future__ import annotations
+
+from tests.harness import Harness
+
+
+def stored_links(dag_id: str, run_id: str) -> dict[tuple[str, str], str]:
+    """The link XComs of a run, by (task id, key), as the UI reads them."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(XComModel).filter(
+            XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.key.like("_link_%")
+        )
+        return {(row.task_id, row.key): XComModel.deserialize_value(row) for row in rows}
+
+
+def test_a_missing_link_is_no_error_and_a_stored_one_is_kept(harness: Harness) -> None:
+    out = harness.tmp / "out"
+    dag_file = harness.write_dag(
+        "links",
+        f"""
+        # fails before anything is submitted: no link of either kind was stored
+        GpuJobOperator(task_id="unsubmitted", backend="{{{{ 'no_such_backend' }}}}", command=["true"])
+        # runs on the local backend, which has a console link (its job log) but no separate log view
+        GpuJobOperator(task_id="ran", backend=LocalBackend(), poll_interval=0.2,
+                       command={harness.toy_command(str(out), steps=2, delay=0.05)})
+        """,
+    )
+    run = harness.run(dag_file, "links", extra_env={"AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(harness.state_dir)})
+    assert run.task("unsubmitted")["state"].endswith("failed"), run.log[-3000:]
+    assert run.task("ran")["state"].endswith("success"), run.log[-3000:]
+    assert "XCom not found" not in run.log
+    assert "Failed to push an xcom for task operator extra link" not in run.log
+    links = stored_links("links", run.result["run_id"])
+    assert links[("unsubmitted", "_link_GpuJobConsoleLink")] == ""
+    assert links[("unsubmitted", "_link_GpuJobLogsLink")] == ""
+    assert links[("ran", "_link_GpuJobLogsLink")] == ""
+    assert links[("ran", "_link_GpuJobConsoleLink")].startswith("file://"), links
