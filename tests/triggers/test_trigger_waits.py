@@ -9,62 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
-from gpu_provider.backends.base import (
-    Backend,
-    JobHandle,
-    JobRequest,
-    JobState,
-    JobStatus,
-    LogChunk,
-    PollResult,
-    TaskKey,
-    register_backend,
-)
+from gpu_provider.backends.base import JobHandle, JobState, JobStatus
 from gpu_provider.exceptions import GpuJobStatusError
 from gpu_provider.triggers.gpu_job import GpuJobTrigger
+from tests.scripted import ScriptedBackend, scripted  # noqa: F401 (fixture)
 
-
-class ScriptedBackend(Backend):
-    """Statuses come from a class-level table the test writes; every poll is counted."""
-
-    name = "scripted"
-    table: ClassVar[dict[str, JobStatus | GpuJobStatusError]] = {}
-    polls: ClassVar[list[int]] = []
-
-    def options(self) -> dict[str, Any]:
-        return {}
-
-    def submit(self, request: JobRequest) -> JobHandle:
-        raise AssertionError("not used")
-
-    def poll(self, handles: Sequence[JobHandle]) -> PollResult:
-        ScriptedBackend.polls.append(len(handles))
-        return {h.job_id: self.table[h.job_id] for h in handles}
-
-    def cancel(self, handle: JobHandle, reason: str) -> None:
-        self.table[handle.job_id] = JobStatus(state=JobState.CANCELLED, reason=reason)
-
-    def find_existing(self, task: TaskKey) -> list[JobHandle]:
-        return []
-
-    def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = 1 << 20) -> LogChunk:
-        return LogChunk([], cursor)
-
-
-@pytest.fixture(autouse=True)
-def scripted() -> Iterator[None]:
-    from gpu_provider.backends import base
-
-    register_backend("scripted", f"{__name__}.ScriptedBackend")
-    ScriptedBackend.table.clear()
-    ScriptedBackend.polls.clear()
-    yield
-    del base._REGISTRY["scripted"]
+pytestmark = pytest.mark.usefixtures("scripted")  # every test here talks to the scripted backend
 
 
 def _handle(job_id: str, capacity: str = "on-demand", submitted_at: float | None = None) -> JobHandle:

@@ -1,0 +1,85 @@
+"""A scripted backend: a test double of a *service* that implements the backend contract with an
+in-memory table, so tests can drive the real trigger, watch, runner and engine through states and
+faults (unknown states, failing cancels, logs that cannot be read) that real services produce rarely."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import pytest
+
+from gpu_provider.backends.base import (
+    Backend,
+    JobHandle,
+    JobRequest,
+    JobState,
+    JobStatus,
+    LogChunk,
+    PollResult,
+    TaskKey,
+    register_backend,
+)
+from gpu_provider.exceptions import GpuJobStatusError
+
+
+class ScriptedBackend(Backend):
+    """Statuses come from a class-level table the test writes; polls, cancels and marks are recorded."""
+
+    name = "scripted"
+    table: ClassVar[dict[str, JobStatus | GpuJobStatusError]] = {}
+    polls: ClassVar[list[int]] = []
+    cancels: ClassVar[list[tuple[str, str]]] = []
+    marks: ClassVar[list[tuple[str, int | None, bool]]] = []
+    log_lines: ClassVar[dict[str, list[str]]] = {}
+    fail_cancel: ClassVar[int] = 0
+    fail_logs: ClassVar[int] = 0
+
+    def options(self) -> dict[str, Any]:
+        return {}
+
+    def submit(self, request: JobRequest) -> JobHandle:
+        raise AssertionError("not used")
+
+    def poll(self, handles: Sequence[JobHandle]) -> PollResult:
+        ScriptedBackend.polls.append(len(handles))
+        return {h.job_id: self.table[h.job_id] for h in handles}
+
+    def cancel(self, handle: JobHandle, reason: str) -> None:
+        ScriptedBackend.cancels.append((handle.job_id, reason))
+        if ScriptedBackend.fail_cancel:
+            ScriptedBackend.fail_cancel -= 1
+            raise ConnectionError("the service did not answer the cancel")
+        self.table[handle.job_id] = JobStatus(state=JobState.CANCELLED, reason=reason)
+
+    def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:
+        ScriptedBackend.marks.append((handle.job_id, owner_try, collected))
+
+    def find_existing(self, task: TaskKey) -> list[JobHandle]:
+        return []
+
+    def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = 1 << 20) -> LogChunk:
+        if ScriptedBackend.fail_logs:
+            ScriptedBackend.fail_logs -= 1
+            raise ConnectionError("log service unreachable")
+        lines = self.log_lines.get(handle.job_id, [])
+        start = int(cursor or 0)
+        end, size = start, 0
+        while end < len(lines) and size < max_bytes:
+            size += len(lines[end]) + 1
+            end += 1
+        return LogChunk(lines[start:end], str(end), more=end < len(lines))
+
+
+@pytest.fixture
+def scripted() -> Iterator[type[ScriptedBackend]]:
+    from gpu_provider.backends import base
+
+    register_backend("scripted", f"{__name__}.ScriptedBackend")
+    for table in (ScriptedBackend.table, ScriptedBackend.log_lines):
+        table.clear()
+    for log in (ScriptedBackend.polls, ScriptedBackend.cancels, ScriptedBackend.marks):
+        log.clear()
+    ScriptedBackend.fail_cancel = ScriptedBackend.fail_logs = 0
+    yield ScriptedBackend
+    del base._REGISTRY["scripted"]
