@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import signal
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,7 +21,7 @@ from gpu_provider.backends.batch import CANCEL_PREFIX, BatchBackend
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobStatusError
 from gpu_provider.job import GpuResources
 from tests.batch_world import BatchWorld
-from tests.harness import pid_alive, wait_for
+from tests.harness import REPO, pid_alive, wait_for
 
 
 def _request(
@@ -333,3 +339,91 @@ def test_a_runnable_job_shows_why_it_waits_and_one_that_can_never_run_fails_fast
     after = _status(backend, stuck)
     assert (after.state, after.reason, after.interruption) == (status.state, status.reason, None)
     assert _status(backend, waiting).state is JobState.QUEUED
+
+
+# A task process whose SIGTERM handler (Airflow's on_kill) cancels the job. The main thread is building
+# the backend's first client (as after resuming from a deferral) when the signal arrives: it holds
+# whatever the build holds, and the handler runs on that same thread.
+SIGTERM_DURING_BUILD = """
+import json, signal, sys, time
+from gpu_provider.backends.base import JobHandle
+from gpu_provider.backends.batch import BatchBackend
+
+handle = JobHandle.from_dict(json.loads(sys.argv[1]))
+backend = BatchBackend(**json.loads(sys.argv[2]))
+real_build, slow = backend._clients.build, [True]
+
+def build(service):  # the first build is slow, as a connection lookup or a credential fetch can be
+    if slow.pop() if slow else False:
+        print("building", flush=True)
+        time.sleep(60)
+    return real_build(service)
+
+backend._clients.build = build
+
+def on_kill(signum, frame):
+    backend.cancel(handle, "Airflow task was killed")
+    print("cancelled", flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, on_kill)
+backend.poll([handle])
+print("the poll finished: the signal was not delivered during the build", flush=True)
+"""
+
+
+def test_sigterm_while_the_main_thread_builds_a_client_still_cancels_and_exits(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    handle = backend.submit(_request(_py("pass"), task="kill-build", capacity="spot"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_DURING_BUILD, json.dumps(handle.to_dict()), json.dumps(batch.queues)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        output = []
+        for line in proc.stdout:  # until the child is inside the slow build (it then prints nothing for 60 s)
+            output.append(line)
+            if line.strip() == "building":
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = "".join(output) + rest
+    assert proc.returncode == 0 and "cancelled" in text, text
+    (terminate,) = batch.bodies("TerminateJob")
+    assert terminate == {"jobId": handle.job_id, "reason": CANCEL_PREFIX + "Airflow task was killed"}
+
+
+def test_cancel_does_not_wait_for_a_client_another_thread_is_building(batch: BatchWorld) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    handle = BatchBackend(**batch.queues).submit(_request(_py("pass"), task="kill-thread", capacity="spot"))
+    real_build, inside, release = backend._clients.build, threading.Event(), threading.Event()
+
+    def build(service: str) -> Any:
+        if not inside.is_set():
+            inside.set()
+            release.wait(30)  # a build that hangs (slow credentials, an unreachable endpoint)
+        return real_build(service)
+
+    backend._clients.build = build  # type: ignore[method-assign]
+    builder = threading.Thread(target=backend.poll, args=([handle],))
+    builder.start()
+    try:
+        assert inside.wait(10)
+        started = time.monotonic()
+        backend.cancel(handle, "Airflow task was killed")
+        assert time.monotonic() - started < 10
+        assert [b["jobId"] for b in batch.bodies("TerminateJob")] == [handle.job_id]
+    finally:
+        release.set()
+        builder.join(30)

@@ -41,7 +41,7 @@ from gpu_provider.backends.base import (
     map_state,
     provider_config,
 )
-from gpu_provider.backends.batch.calls import Clients, call
+from gpu_provider.backends.batch.calls import Clients, call, run_bounded
 from gpu_provider.backends.batch.mapping import (
     CANCEL_PREFIX,
     STATE_TABLE,
@@ -521,7 +521,8 @@ class BatchBackend(Backend):
         )
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
-        self._terminate(handle.job_id, reason)
+        """TerminateJob with ``reason``; from a SIGTERM handler too (see :func:`~.calls.run_bounded`)."""
+        run_bounded(f"TerminateJob {handle.job_id}", lambda: self._terminate(handle.job_id, reason))
 
     def _terminate(self, job_id: str, reason: str) -> None:
         """TerminateJob (any state; Batch ignores it for an ended job) with the reason marked as ours."""
