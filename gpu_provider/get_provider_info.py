@@ -15,10 +15,11 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-provider-gpu",
         "name": "GPU jobs",
+        # only what this version has: the backends registered in gpu_provider.backends (tests check it)
         "description": (
-            "Run the GPU stages of ML pipelines (preprocessing, distributed training, inference) on AWS Batch, "
-            "SageMaker, Karpenter pods or local processes, with team pools, priorities, spot capacity with "
-            "on-demand fallback, checkpoint-resume, reattach after worker crashes and spend control."
+            "Run the GPU stages of ML pipelines (preprocessing, distributed training, inference) on AWS Batch "
+            "or local processes, with team pools, priorities, spot capacity with on-demand fallback, "
+            "checkpoint-resume and reattach after worker crashes."
         ),
         "versions": [__version__],
         "integrations": [
