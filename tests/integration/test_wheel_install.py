@@ -1,0 +1,155 @@
+"""The built wheel, installed (not editable) into a fresh virtualenv, runs the example pipeline.
+
+What a pip user does: install the wheel, copy ``gpu_ml_pipeline.py`` into the dags folder, and run
+``airflow dags test gpu_ml_pipeline``. To stay fast and offline, the wheel is built without build
+isolation and installed with ``--no-deps``; Airflow, the amazon provider and numpy come from this
+test's own virtualenv, added to the new one's path by a ``.pth`` line. Such a line only appends the
+folder to ``sys.path`` (the ``.pth`` files inside it, such as the editable install's hook, are not
+run), so ``gpu_provider`` is found only in the wheel; every command runs in a temporary folder, so
+the repository is not on the path either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+#: what setuptools needs to build the wheel: the project file, the README (the long description), the package
+SOURCES = ("pyproject.toml", "README.md", "gpu_provider")
+
+
+@dataclass
+class Installed:
+    """A virtualenv holding the wheel, and the wheel itself."""
+
+    wheel: Path
+    python: Path
+    site: Path
+    tmp: Path
+
+    def run(self, args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run the new virtualenv's Python in a temporary folder (never the repository)."""
+        return subprocess.run(
+            [str(self.python), *args], cwd=self.tmp, env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    tmp = tmp_path_factory.mktemp("wheel")
+    source = tmp / "source"  # a copy: building in the shared tree would write build/ and *.egg-info there
+    source.mkdir()
+    for name in SOURCES:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / name, source / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(source)],
+        cwd=tmp,
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp / "dist").glob("airflow_provider_gpu-*.whl")
+
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    subprocess.run([*pip, "--python", str(python), "install", "--no-deps", str(wheel)], cwd=tmp, check=True)
+    (site / "_test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return Installed(wheel=wheel, python=python, site=site, tmp=tmp)
+
+
+def test_the_wheel_holds_the_package_and_the_example_programs(installed: Installed) -> None:
+    names = set(zipfile.ZipFile(installed.wheel).namelist())
+    assert {f"gpu_provider/examples/{stage}.py" for stage in ("preprocess", "train", "infer")} <= names
+    assert "gpu_provider/py.typed" in names
+    # nothing but the package and its metadata: no tests, dags, emulators or scripts
+    distribution, version = installed.wheel.name.split("-")[:2]
+    assert {name.split("/")[0] for name in names} == {"gpu_provider", f"{distribution}-{version}.dist-info"}
+
+
+def test_the_wheel_declares_what_the_code_needs(installed: Installed) -> None:
+    (metadata,) = [n for n in zipfile.ZipFile(installed.wheel).namelist() if n.endswith(".dist-info/METADATA")]
+    lines = zipfile.ZipFile(installed.wheel).read(metadata).decode().splitlines()
+    requires = [line.removeprefix("Requires-Dist: ") for line in lines if line.startswith("Requires-Dist: ")]
+    assert "apache-airflow<4,>=3.3" in requires, "the task state store is Airflow 3.3's"
+    assert 'numpy>=1.24; extra == "examples"' in requires
+    cncf = [r for r in requires if r.startswith("apache-airflow-providers-cncf-kubernetes")]
+    assert cncf and all('extra == "kubernetes"' in r for r in cncf), cncf
+    assert not any(r.startswith("numpy") and "extra" not in r for r in requires)
+
+
+@pytest.fixture
+def pipeline_env(installed: Installed, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A fresh Airflow home with the example DAG copied into its dags folder; jobs cancelled at the end."""
+    home = tmp_path / "airflow"
+    (home / "dags").mkdir(parents=True)
+    shutil.copy(REPO / "dags" / "gpu_ml_pipeline.py", home / "dags")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPU_PIPELINE")) and k != "PYTHONPATH"}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(tmp_path / "state"),
+            "GPU_PIPELINE_DATA_ROOT": (tmp_path / "data").as_uri(),
+        }
+    )
+    yield env
+    from gpu_provider.backends.local import LocalBackend
+
+    backend = LocalBackend(state_dir=str(tmp_path / "state"), grace_period=0.5)
+    for handle in backend.list_jobs():
+        backend.cancel(handle, "test teardown")
+
+
+def test_the_example_pipeline_runs_from_the_wheel(installed: Installed, pipeline_env: dict[str, str]) -> None:
+    started = time.monotonic()
+    where = installed.run(
+        ["-c", "import gpu_provider.examples.train as m, json, sys; print(m.__file__); print(json.dumps(sys.path))"],
+        pipeline_env,
+    )
+    module_file, path = where.stdout.splitlines()
+    assert module_file.startswith(str(installed.site)), "gpu_provider must come from the installed wheel"
+    # no other folder on the path holds the package (the repository, the editable install) to fall back on
+    others = [Path(entry or installed.tmp) for entry in json.loads(path) if Path(entry) != installed.site]
+    assert not [entry for entry in others if (entry / "gpu_provider").exists()]
+
+    migrate = installed.run(["-m", "airflow", "db", "migrate"], pipeline_env)
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    conf = json.dumps({"epochs": 1, "step_delay": 0})
+    test = installed.run(
+        ["-m", "airflow", "dags", "test", "gpu_ml_pipeline", "2026-03-02", "-c", conf], pipeline_env, timeout=150
+    )
+    log = test.stdout + test.stderr
+    runs = installed.run(["-m", "airflow", "dags", "list-runs", "gpu_ml_pipeline", "-o", "json"], pipeline_env)
+    elapsed = time.monotonic() - started
+    assert json.loads(runs.stdout.strip().splitlines()[-1])[0]["state"] == "success", log[-6000:]
+    data = Path(pipeline_env["GPU_PIPELINE_DATA_ROOT"].removeprefix("file://"))
+    (metrics,) = data.glob("*/runs/*/predictions/metrics.json")
+    assert json.loads(metrics.read_text())["accuracy"] > 0.8
+    assert "XCom not found" not in log
+    print(f"\nwheel install: the example pipeline ran in {elapsed:.0f}s")
+    assert elapsed < 120, f"took {elapsed:.0f}s"
