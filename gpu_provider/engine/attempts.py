@@ -135,11 +135,16 @@ class AttemptEngine:
     def duplicates(self, stored: set[str]) -> list[AttemptRecord]:
         """Live attempts beyond the one to keep (a re-sent submit, a zombie try's successor).
 
-        Keeps the newest live attempt that the task state store knows, else the newest live one.
+        One attempt of a task instance may be live: the newest live one the task state store
+        knows, else the newest live one; and none when a later attempt already ended (a live
+        attempt it superseded only bills).
         """
-        live = [r for r in self.current if r.state.active]
-        if len(live) < 2:
+        current = self.current
+        live = [r for r in current if r.state.active]
+        if not live or (len(live) == 1 and live[0] is current[-1]):
             return []
+        if not current[-1].state.active:
+            return live
         known = [r for r in live if r.job_id in stored]
         keep = max(known or live, key=lambda r: (r.attempt, r.handle.submitted_at))
         return [r for r in live if r is not keep]
@@ -243,19 +248,20 @@ class AttemptEngine:
             hook(record, status)
 
     # --- the result ----------------------------------------------------------------------------
-    def result(self, checkpoint_uri: str | None) -> dict[str, Any]:
-        """What the task returns (XCom): the job's outcome over the attempts of its current run."""
-        current = self.current
-        last = current[-1]
+    def result(self, record: AttemptRecord, checkpoint_uri: str | None) -> dict[str, Any]:
+        """What the task returns (XCom): the job's outcome over the attempts of its run that ``record`` ended."""
+        end = self.records.index(record)
+        start = max((i for i, r in enumerate(self.records[:end]) if r.collected), default=-1) + 1
+        run = self.records[start : end + 1]
         return {
             "backend": self.backend_name,
-            "job_id": last.job_id,
-            "job_name": last.name,
-            "state": last.state.value,
-            "capacity": last.capacity,
-            "attempts": [r.public() for r in current],
-            "interruptions": sum(1 for r in current if r.interruption) + sum(r.restarts for r in current),
-            "gpu_seconds": round(sum(r.gpu_seconds for r in current), 3),
+            "job_id": record.job_id,
+            "job_name": record.name,
+            "state": record.state.value,
+            "capacity": record.capacity,
+            "attempts": [r.public() for r in run],
+            "interruptions": sum(1 for r in run if r.interruption) + sum(r.restarts for r in run),
+            "gpu_seconds": round(sum(r.gpu_seconds for r in run), 3),
             "checkpoint_uri": checkpoint_uri,
-            "output_uri": last.output_uri,
+            "output_uri": record.output_uri,
         }

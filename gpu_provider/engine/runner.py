@@ -201,7 +201,7 @@ class AttemptRunner:
             reader.pump(drain=True)
             record.output_uri = reader.output_uri
         self.collect(record)
-        result = self.engine.result(checkpoint_uri)
+        result = self.engine.result(record, checkpoint_uri)
         self.log.info(
             "%s SUCCEEDED after %d attempt(s); %.1f GPU-seconds in all.",
             self.where(record),

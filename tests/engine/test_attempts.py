@@ -129,6 +129,9 @@ def test_duplicate_live_attempts_keep_the_stored_one() -> None:
     assert engine.duplicates({"job-1"}) == [second]
     assert engine.duplicates(set()) == [first]  # none stored: the newest stays
     assert engine.duplicates({"job-1", "job-1b"}) == [first]
+    # a live attempt that a later, ended attempt superseded is cancelled too
+    superseded = _engine([_record(1, state=JobState.RUNNING), _record(2, state=JobState.SUCCEEDED)])
+    assert [r.attempt for r in superseded.duplicates(set())] == [1]
 
 
 def test_record_update_keeps_gpu_time_and_output_a_bare_status_does_not_know() -> None:
