@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from gpu_provider.backends._local_gpus import detect_gpus
-from gpu_provider.backends.base import JobIdentity, JobRequest, TaskKey
+from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, JobStatus, TaskKey
 from gpu_provider.backends.local import LocalBackend
 from gpu_provider.job import GpuResources
 
@@ -41,6 +41,25 @@ else:
 """
 
 
+def status_of(backend: LocalBackend, handle: JobHandle) -> JobStatus:
+    entry = backend.poll([handle])[handle.job_id]
+    if not isinstance(entry, JobStatus):
+        raise SystemExit(f"cannot read the status of {handle.job_id}: {entry}")
+    return entry
+
+
+def log_lines(backend: LocalBackend, handle: JobHandle) -> list[str]:
+    """The job's whole log, read in chunks until the backend says there is no more."""
+    lines: list[str] = []
+    cursor = None
+    while True:
+        chunk = backend.logs(handle, cursor)
+        lines.extend(chunk.lines)
+        cursor = chunk.cursor
+        if not chunk.more:
+            return lines
+
+
 def main() -> int:
     devices, problem = detect_gpus("nvidia-smi")
     print(f"nvidia-smi devices: {devices} {problem or ''}")
@@ -54,21 +73,19 @@ def main() -> int:
         handles.append(backend.submit(request))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        statuses = backend.poll(handles)
-        if all(s.state.terminal for s in statuses.values()):
+        if all(status_of(backend, h).state.terminal for h in handles):
             break
         time.sleep(0.5)
     seen = []
     for handle in handles:
-        status = backend.poll([handle])[handle.job_id]
-        lines, _ = backend.logs(handle)
+        status = status_of(backend, handle)
         print(f"{handle.job_id}: {status.state.value} {status.reason}")
-        for line in lines:
+        for line in log_lines(backend, handle):
             print("   ", line)
             if "CUDA_VISIBLE_DEVICES=" in line:
                 seen.append(line.split("CUDA_VISIBLE_DEVICES=", 1)[1])
     failures = []
-    if any(backend.poll([h])[h.job_id].state.value != "SUCCEEDED" for h in handles):
+    if any(status_of(backend, h).state is not JobState.SUCCEEDED for h in handles):
         failures.append("a probe job did not succeed")
     if len(devices) >= 2 and len(set(seen)) != 2:
         failures.append(f"two 1-GPU jobs did not get disjoint devices: {seen}")

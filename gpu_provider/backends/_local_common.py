@@ -4,19 +4,27 @@ supervisor's states, atomic JSON files, and process liveness / killing.
 Standard library only: the supervisor imports this module, and it must start fast and never pull
 in Airflow.
 
-On-disk layout under the state directory::
+On-disk layout under the state directory (folders 0700, files 0600: only the worker's user reads them)::
 
     <state_dir>/
       gpu-allocations.lock          flock()ed while the allocations file is read or written
       gpu-allocations.json          {job_id: {"pid", "pid_start", "devices": {"<index>": share}}}
-      jobs/<job_id>/
-        request.json                everything the supervisor needs (written once, at submit)
-        supervisor.json             pid and start time of the supervisor (written by submit)
+      jobs/<job_id>/                the job id is the attempt's identity name (one folder per attempt)
+        request.json                what the supervisor needs, written once at submit. The job's
+                                    environment is NOT here: only its variable names. The values reach
+                                    the supervisor over a pipe on its stdin and stay in its memory.
+        supervisor.json             pid and start time of the supervisor (preallocated at submit, filled in place)
+        fatal.json                  preallocated at submit; the supervisor overwrites it in place with the
+                                    reason it died when status.json can no longer be written (disk full)
         status.json                 the supervisor's state, pids, times, exit codes (atomic rewrites)
         cancel.json                 present once a cancel was asked for: {"reason", "at"}
+        preempt.json                present once a simulated spot interruption was asked for now: {"reason", "at"}
+        mark.json                   which Airflow try owns the attempt and whether its outcome was collected
         job.log                     every node's stdout+stderr, lines prefixed ``[node <rank>] ``
         supervisor.log              the supervisor's own stdout/stderr (tracebacks land here)
-        output_uri                  written by the job (``GPU_PROVIDER_OUTPUT_FILE``) to declare its output
+        work/                       the job's own folder: ``GPU_PROVIDER_OUTPUT_FILE`` is ``work/output_uri``.
+                                    With ``run_as_user`` it belongs to that user (and ``<job_id>/`` is 0710,
+                                    group of that user, so the user can reach ``work/`` and nothing else)
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -37,14 +47,23 @@ REQUEST_FILE = "request.json"
 SUPERVISOR_FILE = "supervisor.json"
 STATUS_FILE = "status.json"
 CANCEL_FILE = "cancel.json"
+PREEMPT_FILE = "preempt.json"
 LOG_FILE = "job.log"
 SUPERVISOR_LOG_FILE = "supervisor.log"
+MARK_FILE = "mark.json"
+FATAL_FILE = "fatal.json"
 OUTPUT_FILE = "output_uri"
 ALLOC_FILE = "gpu-allocations.json"
 ALLOC_LOCK_FILE = "gpu-allocations.lock"
 
-#: bumped when request.json changes incompatibly
-REQUEST_VERSION = 1
+#: bumped when request.json changes incompatibly (2: env names only, values over the supervisor's stdin)
+REQUEST_VERSION = 2
+#: size of the files written in place later (supervisor.json, fatal.json): no new disk block is needed then
+PREALLOCATED_BYTES = 4096
+#: the most bytes of an output URI file read (a URI is one short line)
+OUTPUT_MAX_BYTES = 64 * 1024
+#: folders the backend creates (the state directory, jobs/, each job's folder)
+DIR_MODE = 0o700
 
 # --- the supervisor's states -------------------------------------------------------------------
 # Written into status.json["state"]; local.py maps each to a JobState in one table.
@@ -77,12 +96,11 @@ def base_env(environ: Mapping[str, str]) -> dict[str, str]:
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Write JSON so that a reader sees the old or the new content, never half of it.
 
-    :param path: the target file; a temporary sibling is written first and renamed over it
+    :param path: the target file; a temporary sibling is written first (mode 0600) and renamed over it
     :param data: JSON-serialisable mapping
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    # 0o600: request.json holds the job's env, which may carry values the DAG author considers private
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=1, sort_keys=True)
@@ -93,14 +111,162 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
         raise
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or ``None`` when the file is missing or not (yet) valid JSON."""
+def preallocate(path: Path, data: Mapping[str, Any]) -> None:
+    """Create ``path`` holding ``data`` padded to :data:`PREALLOCATED_BYTES`, for :func:`overwrite_in_place`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        _write_all(fd, _padded(data))
+        os.fsync(fd)  # the blocks are really allocated now, not just promised
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def overwrite_in_place(path: Path, data: Mapping[str, Any]) -> None:
+    """Rewrite a file made by :func:`preallocate` without allocating disk space (works on a full disk).
+
+    Readers may see a mix of old and new bytes for an instant; the files written this way are read
+    only by a process that found the writer gone (fatal.json) or treats unreadable JSON as "not yet".
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        _write_all(fd, _padded(data))
+    finally:
+        os.close(fd)
+
+
+def _padded(data: Mapping[str, Any]) -> bytes:
+    raw = json.dumps(data, sort_keys=True).encode("utf-8")
+    if len(raw) >= PREALLOCATED_BYTES:  # a long reason: cut it, the file must not grow
+        reason = str(data.get("reason", ""))[: PREALLOCATED_BYTES // 2]
+        raw = json.dumps({**data, "reason": reason + " ..."}, sort_keys=True).encode("utf-8")[: PREALLOCATED_BYTES - 1]
+    return raw.ljust(PREALLOCATED_BYTES - 1) + b"\n"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or ``None`` when the file is missing or not (yet) valid JSON.
+
+    A symbolic link is not followed (these files are the backend's own, never links).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = json.loads(fh.read(1 << 24) or b"null")
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a small text file (mode 0600) so that a reader sees the old or the new content."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_small_text(path: Path, limit: int = OUTPUT_MAX_BYTES, *, owner: int | None = None) -> str | None:
+    """The text of a small regular file written by the job, or ``None``.
+
+    Refuses what a hostile job could plant to make the worker read another file for it: a symbolic
+    link, something not a regular file, a hard link to a file of another user (``owner``).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (owner is not None and info.st_uid != owner):
+            return None
+        raw = os.read(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def remove_work_dir(path: Any) -> None:
+    """Remove a ``run_as_user`` job's work folder. Its user may have put a link in its place: a link is
+    removed, never followed, and ``shutil.rmtree`` follows no link inside."""
+    if isinstance(path, str) and path:
+        with contextlib.suppress(OSError):
+            if os.path.islink(path):
+                os.unlink(path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def read_json_at(dir_fd: int, folder: str, name: str) -> dict[str, Any] | None:
+    """``<folder>/<name>`` under the folder ``dir_fd`` as JSON, following no link (``None``: absent or bad)."""
+    try:
+        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(folder_fd)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = json.loads(fh.read(1 << 24) or b"null")
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def remove_tree_at(dir_fd: int, name: str) -> None:
+    """Remove the entry ``name`` of the folder ``dir_fd`` and everything under it, best effort.
+
+    Works through folder handles only and follows no symbolic link: a link is removed as a link.
+    Whatever a path in the meantime points to, nothing outside ``dir_fd`` is touched.
+    """
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dir_fd)  # a file or a link (O_NOFOLLOW refused it), or nothing
+        return
+    try:
+        for entry in list(os.scandir(fd)):
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree_at(fd, entry.name)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=dir_fd)
 
 
 # --- processes ---------------------------------------------------------------------------------

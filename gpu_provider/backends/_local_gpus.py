@@ -30,6 +30,9 @@ _EPS = 1e-9
 def detect_gpus(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[list[int], str | None]:
     """Ask ``nvidia-smi`` for the device indices of this machine.
 
+    It runs with a minimal environment (``PATH`` and ``LC_ALL=C``), never the worker's: the
+    worker's environment holds Airflow connections and cloud credentials.
+
     :param nvidia_smi: the binary (a name on PATH or a path)
     :param timeout: seconds before a hanging nvidia-smi counts as "no GPU"
     :return: the indices, and ``None`` or a short description of why none were found
@@ -37,6 +40,7 @@ def detect_gpus(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[list[int], s
     try:
         proc = subprocess.run(
             [nvidia_smi, "--query-gpu=index", "--format=csv,noheader"],
+            env=minimal_env(),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -60,6 +64,11 @@ def detect_gpus(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[list[int], s
     if not indices:
         return [], f"{nvidia_smi} listed no devices"
     return sorted(set(indices)), None
+
+
+def minimal_env() -> dict[str, str]:
+    """The environment ``nvidia-smi`` runs with: ``PATH`` (to find it by name) and the C locale."""
+    return {"PATH": os.environ.get("PATH") or os.defpath, "LC_ALL": "C"}
 
 
 @dataclass(frozen=True)
@@ -93,8 +102,8 @@ def never_fits(devices: Sequence[int], gpus: float, nodes: int) -> str | None:
 @contextlib.contextmanager
 def _ledger(state_dir: Path) -> Iterator[dict[str, Any]]:
     """The allocations ledger, locked; changes made to the yielded dict are written back."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state_dir / ALLOC_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(state_dir / ALLOC_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         ledger = read_json(state_dir / ALLOC_FILE) or {}
@@ -142,21 +151,19 @@ def allocate(
                 del ledger[key]
         used = _usage(ledger)
         free = [d for d in devices if used.get(d, 0.0) <= _EPS]
+        busy = f"{len(devices) - len(free)} of {len(devices)} busy"
         if gpus >= 1:
             per_node_count = int(gpus)
             need = per_node_count * nodes
             if len(free) < need:
-                return f"waiting for {need} free GPU(s): {len(free)} of {len(devices)} free"
+                return f"waiting for GPUs: {busy}, {need} needed"
             taken = free[:need]
             per_node = tuple(tuple(taken[r * per_node_count : (r + 1) * per_node_count]) for r in range(nodes))
             shares = {d: 1.0 for d in taken}
         else:
             fits = [d for d in devices if used.get(d, 0.0) + gpus <= 1.0 + _EPS]
             if not fits:
-                return (
-                    f"waiting for a {gpus:g} share of a GPU: {len(free)} of {len(devices)} free, "
-                    f"none with {gpus:g} left"
-                )
+                return f"waiting for GPUs: {busy}, none has a {gpus:g} share left"
             # best fit: fill partly used devices first so whole devices stay free for whole-GPU jobs
             best = max(fits, key=lambda d: (used.get(d, 0.0), -d))
             per_node = ((best,),)

@@ -2,16 +2,29 @@
 
 ``LocalBackend.submit`` starts one supervisor per job in a new session, so the job outlives the
 Airflow worker that submitted it. The supervisor waits for GPUs, starts one process per node (each
-in its own process group, so the command's children can be stopped with it), copies their output
-into ``job.log``, enforces the max runtime and simulated spot interruptions, and records every
-state change in ``status.json``. SIGTERM (sent by ``LocalBackend.cancel``) stops the job as
-cancelled. The on-disk layout is described in :mod:`gpu_provider.backends._local_common`.
+in its own session and process group, so the command's children can be stopped with it; as
+``run_as_user`` when the request names one), copies their output into ``job.log``, enforces the max
+runtime and simulated spot interruptions, and records every state change in ``status.json``.
+SIGTERM (sent by ``LocalBackend.cancel``) stops the job as cancelled. The on-disk layout is
+described in :mod:`gpu_provider.backends._local_common`.
+
+The job's environment values arrive on stdin (one JSON object, read before anything else) and
+stay in this process's memory: they are never written to disk.
+
+Output is copied as bytes in bounded pieces, never line by line: a job that prints one endless line
+costs the supervisor at most a few hundred KiB, and every byte it wrote lands in ``job.log``. If
+``job.log`` or ``status.json`` cannot be written (disk full), the job is stopped and ends
+``FAILED`` with that reason: the supervisor never reports success for a job whose log or state it
+lost. When even the final state cannot be written, the reason goes into ``fatal.json``, written in
+place (it was preallocated at submit), where ``LocalBackend.poll`` finds it.
 
 Standard library only, and no Airflow: it starts fast and stays small.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -22,7 +35,7 @@ import time
 import traceback
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 from gpu_provider.backends import _local_common as common
 from gpu_provider.backends._local_gpus import Allocation, allocate, format_devices, never_fits, release
@@ -33,6 +46,12 @@ _TICK_S = 0.05
 _GPU_RETRY_S = 0.5
 #: how long to wait for the log pumps after the nodes are gone (a detached grandchild may hold a pipe)
 _PUMP_JOIN_S = 2.0
+#: bytes read from a node's pipe at a time
+_READ_BYTES = 64 * 1024
+#: bytes of a line without newline held back (to keep lines of concurrent nodes apart) before they are written
+_HOLD_BYTES = 64 * 1024
+#: the most bytes of environment accepted on stdin
+_MAX_SECRETS_BYTES = 64 * 1024 * 1024
 
 
 def _exit_code(returncode: int) -> int:
@@ -57,18 +76,72 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class LogSink:
+    """``job.log``, written by several node pumps and the supervisor itself.
+
+    Each node's bytes are written as they come, with ``[node <rank>] `` at the start of every line.
+    A line still open (no newline yet) when another node writes is ended with a newline first, and
+    continues later on a new prefixed line: the file stays readable line by line, and no byte is
+    lost. The first write error is kept (:attr:`error`); later writes are dropped.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self._lock = threading.Lock()
+        self._open: bytes | None = None  # the prefix of the line left open at the end of the file
+        self.error: OSError | None = None
+
+    def write(self, prefix: bytes, data: bytes) -> None:
+        """Write ``data`` (any bytes, maybe part of a line) as the output of the source ``prefix``."""
+        if not data:
+            return
+        body, tail = (data[:-1], b"\n") if data.endswith(b"\n") else (data, b"")
+        with self._lock:
+            if self.error is not None:
+                return
+            out = bytearray()
+            if self._open is not None and self._open != prefix:
+                out += b"\n"
+                self._open = None
+            if self._open is None:
+                out += prefix
+            out += body.replace(b"\n", b"\n" + prefix)
+            out += tail
+            try:
+                common._write_all(self._fd, bytes(out))
+            except OSError as err:
+                self.error = err
+                return
+            self._open = None if tail else prefix
+
+    def close(self) -> None:
+        with self._lock:
+            if self._open is not None and self.error is None:
+                with contextlib.suppress(OSError):
+                    os.write(self._fd, b"\n")
+            self._open = None
+        os.close(self._fd)
+
+
+class StateWriteError(Exception):
+    """status.json could not be written: the job's state would be lost, so the job is stopped."""
+
+
 class Supervisor:
     """Runs one job described by ``<job_dir>/request.json`` to a terminal state.
 
     :param job_dir: the job's directory, created by ``LocalBackend.submit``
+    :param secrets: ``{"env": ..., "base_env": ...}`` received on stdin: the job's environment values
     """
 
-    def __init__(self, job_dir: Path) -> None:
+    def __init__(self, job_dir: Path, secrets: dict[str, Any]) -> None:
         self.job_dir = job_dir
         request = common.read_json(job_dir / common.REQUEST_FILE)
         if request is None:
             raise RuntimeError(f"{job_dir / common.REQUEST_FILE} is missing or not valid JSON")
         self.request: dict[str, Any] = request
+        self.env: dict[str, str] = {str(k): str(v) for k, v in (secrets.get("env") or {}).items()}
+        self.base_env: dict[str, str] = {str(k): str(v) for k, v in (secrets.get("base_env") or {}).items()}
         self.job_id = str(request["job_id"])
         self.state_dir = Path(request["state_dir"])
         self.pid = os.getpid()
@@ -78,8 +151,7 @@ class Supervisor:
         self.pumps: list[threading.Thread] = []
         self.allocated = False
         self.sigterm = False
-        self._log_lock = threading.Lock()
-        self._log: IO[bytes] = open(job_dir / common.LOG_FILE, "ab")  # noqa: SIM115 - closed in run()
+        self.log = LogSink(job_dir / common.LOG_FILE)
 
     # --- bookkeeping ---------------------------------------------------------------------------
 
@@ -89,8 +161,10 @@ class Supervisor:
 
     def set_state(self, state: str, reason: str = "", **fields: Any) -> None:
         if state in common.TERMINAL_STATES and self.allocated:
-            # GPUs go back before the final state is visible: whoever sees the end may reuse them at once
-            release(self.state_dir, self.job_id)
+            # GPUs go back before the final state is visible: whoever sees the end may reuse them at once.
+            # If the ledger cannot be written, the entry goes once this process is gone (allocate drops it).
+            with contextlib.suppress(OSError):
+                release(self.state_dir, self.job_id)
             self.allocated = False
         self.status.update(fields)
         self.status.update(
@@ -100,17 +174,15 @@ class Supervisor:
             supervisor_start=self.pid_start,
             updated_at=time.time(),
         )
-        common.write_json_atomic(self.job_dir / common.STATUS_FILE, self.status)
+        path = self.job_dir / common.STATUS_FILE
+        try:
+            common.write_json_atomic(path, self.status)
+        except OSError as err:
+            raise StateWriteError(f"could not record the job's state ({state}) in {path}: {err}") from err
 
     def note(self, message: str) -> None:
         """A line of the supervisor's own in the job log (what happened to the job, and why)."""
-        self._write_log(b"[local] " + message.encode() + b"\n")
-
-    def _write_log(self, data: bytes) -> None:
-        # one write per line under a lock, so lines of concurrent nodes never interleave mid-line
-        with self._log_lock:
-            self._log.write(data)
-            self._log.flush()
+        self.log.write(b"[local] ", message.encode() + b"\n")
 
     def cancel_reason(self) -> str | None:
         """Why the job is to be cancelled, or ``None``. cancel.json is checked too, not only the
@@ -122,6 +194,12 @@ class Supervisor:
             return "local supervisor received SIGTERM"
         return None
 
+    def log_failure(self) -> str | None:
+        """Why the job's log can no longer be trusted (a write to ``job.log`` failed), or ``None``."""
+        if self.log.error is None:
+            return None
+        return f"could not write the job's log {self.job_dir / common.LOG_FILE}: {self.log.error}"
+
     # --- the job -------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -129,21 +207,32 @@ class Supervisor:
             self._run()
             return 0
         except BaseException as err:
-            traceback.print_exc()
+            error = str(err) if isinstance(err, StateWriteError) else f"{type(err).__name__}: {err}"
+            # a lost log is usually the first thing a full disk breaks: name it first
+            reason = "; ".join(r for r in (self.log_failure(), f"local supervisor error: {error}") if r)
+            # fatal.json first: it needs no disk space, while status.json (and stderr) may not be writable
+            with contextlib.suppress(OSError):
+                common.overwrite_in_place(self.job_dir / common.FATAL_FILE, {"reason": reason, "at": time.time()})
             self._stop_nodes(grace=0.0)
-            self.set_state(common.FAILED, f"local supervisor error: {type(err).__name__}: {err}", ended_at=time.time())
+            with contextlib.suppress(Exception):
+                self.set_state(common.FAILED, reason, ended_at=time.time())
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+                sys.stderr.flush()
             return 1
         finally:
             if self.allocated:
-                release(self.state_dir, self.job_id)
-            self._log.close()
+                with contextlib.suppress(OSError):
+                    release(self.state_dir, self.job_id)
+            common.remove_work_dir(self.request.get("work_dir"))
+            self.log.close()
 
     def _run(self) -> None:
         req = self.request
         resources = req["resources"]
         gpus, nodes = float(resources["gpus"]), int(resources["nodes"])
         devices = [int(d) for d in req.get("gpu_devices") or []]
-        self.set_state(common.QUEUED)
+        self.set_state(common.QUEUED, queued_since=self.status.get("queued_since") or req.get("submitted_at"))
 
         per_node = self._wait_for_gpus(devices, gpus, nodes)
         if per_node is None:
@@ -180,6 +269,15 @@ class Supervisor:
         self._stop_nodes(grace=self.grace if state != common.SUCCEEDED else 0.0)
         for pump in self.pumps:
             pump.join(_PUMP_JOIN_S)
+        try:
+            self.collect_output()
+        except OSError as err:
+            if state == common.SUCCEEDED:
+                state, reason = common.FAILED, f"could not record the job's output URI: {err}"
+        lost = self.log_failure()
+        if lost is not None and state == common.SUCCEEDED:
+            # the job's own work may be fine, but part of what it printed is gone: say so, never SUCCEEDED
+            state, reason = common.FAILED, lost
         codes = [_exit_code(p.returncode) if p.returncode is not None else None for p in self.procs]
         for record, code in zip(node_records, codes, strict=True):
             record["exit_code"] = code
@@ -187,6 +285,24 @@ class Supervisor:
             exit_code = next((c for c in codes if c), None)
         self.note(f"job ended {state.upper()}" + (f": {reason}" if reason else ""))
         self.set_state(state, reason, exit_code=exit_code, exit_codes=codes, nodes=node_records, ended_at=time.time())
+
+    @property
+    def output_file(self) -> Path:
+        """Where the job writes its output URI: the job's folder, or with ``run_as_user`` its work folder."""
+        work_dir = self.request.get("work_dir")
+        return Path(work_dir) / common.OUTPUT_FILE if work_dir else self.job_dir / common.OUTPUT_FILE
+
+    def collect_output(self) -> None:
+        """Copy the output URI a ``run_as_user`` job wrote in its work folder into the job's folder, and
+        remove the work folder. Only a regular file of the job's user is read (no link it planted)."""
+        work_dir = self.request.get("work_dir")
+        run_as = self.request.get("run_as") or {}
+        if not work_dir:
+            return
+        text = common.read_small_text(self.output_file, owner=int(run_as["uid"]) if run_as else None)
+        if text and text.strip():
+            common.write_text_atomic(self.job_dir / common.OUTPUT_FILE, text.strip())
+        common.remove_work_dir(work_dir)
 
     @property
     def grace(self) -> float:
@@ -225,18 +341,25 @@ class Supervisor:
 
     def _spawn(self, rank: int, nodes: int, port: int, devices: tuple[int, ...]) -> subprocess.Popen[bytes]:
         req = self.request
+        run_as: dict[str, Any] = req.get("run_as") or {}
         # the worker's allow-listed environment, then the job's env, then the per-node contract we own
-        env: dict[str, str] = dict(req.get("base_env") or {})
-        env.update(req.get("env") or {})
+        env: dict[str, str] = dict(self.base_env)
+        if run_as:
+            env.update(HOME=str(run_as["home"]), USER=str(run_as["user"]), LOGNAME=str(run_as["user"]))
+        env.update(self.env)
         env.update(
             NNODES=str(nodes),
             NODE_RANK=str(rank),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             CUDA_VISIBLE_DEVICES=format_devices(devices),
-            GPU_PROVIDER_OUTPUT_FILE=str(self.job_dir / common.OUTPUT_FILE),
+            GPU_PROVIDER_OUTPUT_FILE=str(self.output_file),
             PYTHONUNBUFFERED="1",
         )
+        identity: dict[str, Any] = {}
+        if run_as:
+            # like Airflow's impersonation: the user's uid, primary group and supplementary groups
+            identity = {"user": int(run_as["uid"]), "group": int(run_as["gid"]), "extra_groups": list(run_as["groups"])}
         proc = subprocess.Popen(
             list(req["command"]),
             env=env,
@@ -247,6 +370,7 @@ class Supervisor:
             close_fds=True,
             # own session = own process group: stopping a node stops everything the command started
             start_new_session=True,
+            **identity,
         )
         self.procs.append(proc)
         assert proc.stdout is not None
@@ -255,11 +379,28 @@ class Supervisor:
         self.pumps.append(pump)
         return proc
 
-    def _pump(self, rank: int, stream: IO[bytes]) -> None:
+    def _pump(self, rank: int, stream: Any) -> None:
+        """Copy one node's output into the log in bounded pieces (at most about 128 KiB held)."""
         prefix = f"[node {rank}] ".encode()
+        fd = stream.fileno()
+        held = bytearray()
         try:
-            for line in iter(stream.readline, b""):
-                self._write_log(prefix + (line if line.endswith(b"\n") else line + b"\n"))
+            while True:
+                data = os.read(fd, _READ_BYTES)
+                if not data:
+                    break
+                held += data
+                end = held.rfind(b"\n")
+                if end >= 0:
+                    self.log.write(prefix, bytes(held[: end + 1]))
+                    del held[: end + 1]
+                if len(held) >= _HOLD_BYTES:  # a long line: write what is there, the line stays open
+                    self.log.write(prefix, bytes(held))
+                    held.clear()
+            if held:
+                self.log.write(prefix, bytes(held) + b"\n")
+        except OSError as err:
+            self.note(f"reading the output of node {rank} failed: {err}")
         finally:
             stream.close()
 
@@ -276,9 +417,15 @@ class Supervisor:
                 return common.FAILED, _describe_exit(rank, code), _exit_code(code)
             if all(c == 0 for c in codes):
                 return common.SUCCEEDED, "", 0
+            lost = self.log_failure()
+            if lost is not None:
+                return common.FAILED, lost, None
             cancel = self.cancel_reason()
             if cancel is not None:
                 return common.CANCELLED, cancel, None
+            preempt = common.read_json(self.job_dir / common.PREEMPT_FILE)
+            if preempt is not None:
+                return common.PREEMPTED, str(preempt.get("reason") or "simulated spot interruption"), None
             elapsed = time.time() - started
             if max_runtime is not None and elapsed >= float(max_runtime):
                 return common.FAILED, f"exceeded max_runtime of {float(max_runtime):g}s", None
@@ -311,11 +458,37 @@ class Supervisor:
                 self.note(f"node process {proc.pid} did not exit after SIGKILL")
 
 
+def read_secrets() -> dict[str, Any]:
+    """The job's environment values, sent by ``LocalBackend.submit`` as one JSON object on stdin.
+
+    stdin is then pointed at ``/dev/null``: nothing the supervisor starts can read the pipe.
+    """
+    raw = sys.stdin.buffer.read(_MAX_SECRETS_BYTES + 1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    if len(raw) > _MAX_SECRETS_BYTES:
+        raise RuntimeError(f"the job's environment on stdin is larger than {_MAX_SECRETS_BYTES} bytes")
+    data = json.loads(raw or b"{}")
+    if not isinstance(data, dict):
+        raise RuntimeError("the job's environment on stdin is not a JSON object")
+    return data
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(f"usage: {argv[0]} <job_dir>", file=sys.stderr)
         return 2
-    supervisor = Supervisor(Path(argv[1]))
+    job_dir = Path(argv[1])
+    try:
+        supervisor = Supervisor(job_dir, read_secrets())
+    except Exception as err:
+        reason = f"local supervisor error: could not start: {type(err).__name__}: {err}"
+        with contextlib.suppress(OSError):
+            common.overwrite_in_place(job_dir / common.FATAL_FILE, {"reason": reason, "at": time.time()})
+        with contextlib.suppress(Exception):
+            print(reason, file=sys.stderr, flush=True)
+        return 1
     signal.signal(signal.SIGTERM, supervisor.on_sigterm)
     signal.signal(signal.SIGINT, supervisor.on_sigterm)
     # SIGHUP is left alone: the supervisor leads a new session without a terminal, so none comes from

@@ -15,6 +15,14 @@ What the job sees (besides its own ``env=`` and the ``GPU_PROVIDER_*`` contract)
   ``HOME``, locale, ``TZ``, ``TMPDIR``, ``USER``, ``LOGNAME``, ``PYTHONPATH``): never Airflow
   connections or cloud credentials.
 
+Isolation (the README's "The local backend" states it for users): the job's environment values are
+never written to disk (``request.json`` names the variables only; the supervisor gets the values on
+its stdin and keeps them in memory). Every node runs in its own session and process group. State
+folders are 0700 and files 0600. Without ``run_as_user`` a job runs as the worker's user and can
+read whatever that user can, including ``/proc/<pid>/environ`` of the worker and of other jobs'
+processes; with ``run_as_user`` (the worker must run as root) the nodes run as that user, with its
+groups, and reach neither the worker's processes nor the state directory.
+
 Spot capacity is simulated: with ``simulate_preemptions=[8, 5]`` the first spot attempt of a task
 instance is interrupted 8 s after its processes start (SIGTERM, ``grace_period``, SIGKILL) and ends
 ``PREEMPTED``, the second after 5 s; later spot attempts and on-demand attempts run undisturbed.
@@ -22,6 +30,8 @@ instance is interrupted 8 s after its processes start (SIGTERM, ``grace_period``
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import math
@@ -29,29 +39,46 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, ClassVar
 
 import gpu_provider
+from gpu_provider import names
 from gpu_provider.backends import _local_common as common
 from gpu_provider.backends._local_gpus import detect_gpus, gpu_seconds
+from gpu_provider.backends._local_logs import read_log
+from gpu_provider.backends._local_options import (
+    parse_gpus,
+    parse_run_as_user,
+    parse_simulate_preemptions,
+    resolve_run_as,
+    seconds_option,
+)
 from gpu_provider.backends.base import (
+    LOG_READ_BYTES,
     Backend,
+    Capabilities,
     JobHandle,
+    JobIdentity,
     JobRequest,
     JobState,
     JobStatus,
+    LogChunk,
+    PollResult,
     TaskKey,
     map_state,
     provider_config,
 )
-from gpu_provider.exceptions import GpuJobError
+from gpu_provider.exceptions import GpuJobError, GpuJobStatusError
+from gpu_provider.job import GpuResources
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +98,12 @@ STATE_TABLE: dict[str, JobState] = {
 
 #: a supervisor that has not recorded its pid this long after submit is taken as never started
 _SUPERVISOR_START_TIMEOUT_S = 60.0
-#: the most bytes of job.log one ``logs()`` call returns
-_LOG_CHUNK = 1 << 20
+#: a folder left by a submit that died before finishing it (``jobs/.new-*``) is removed after this long
+_STALE_NEW_DIR_S = 3600.0
+
+# Verdicts on jobs whose supervisor vanished, when status.json could not be written (disk full): the
+# same answer on every poll. A plain dict, no lock: cancel() may run in a signal handler.
+_orphans: dict[str, dict[str, Any]] = {}
 
 # Things logged once per process, not once per job (a worker running many jobs would repeat them).
 _logged_once: set[str] = set()
@@ -101,6 +132,11 @@ def _reap_children() -> None:
         _children[:] = [p for p in _children if p.poll() is None]
 
 
+def default_run_as_user() -> str | None:
+    """``[gpu_provider] local_run_as_user`` from the Airflow config, else ``None`` (the worker's user)."""
+    return provider_config("local_run_as_user") or None
+
+
 def default_state_dir() -> Path:
     """``[gpu_provider] local_state_dir`` from the Airflow config, else ``$AIRFLOW_HOME/gpu_provider/local``."""
     configured = provider_config("local_state_dir")
@@ -110,93 +146,8 @@ def default_state_dir() -> Path:
     return (Path(home).expanduser() / "gpu_provider" / "local").absolute()
 
 
-# --- option parsing (values may come as strings from Jinja templates) ------------------------
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _seconds(option: str, value: Any, item: Any = None) -> float:
-    """One duration in seconds (a number or a numeric string), finite and >= 0."""
-    shown = value if item is None else item
-    seconds: float | None = None
-    if _is_number(shown):
-        seconds = float(shown)
-    elif isinstance(shown, str):
-        try:
-            seconds = float(shown.strip())
-        except ValueError:
-            seconds = None
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        what = f"{option}={value!r}" + (f": entry {item!r}" if item is not None else "")
-        raise ValueError(f"{what} is not a number of seconds >= 0")
-    return seconds
-
-
-def _split_list_text(option: str, value: str, what: str, usage: str) -> list[Any]:
-    """A list given as template text: JSON (``"[8, 5]"``) or comma-separated (``"8,5"``)."""
-    text = value.strip()
-    if not text.startswith("["):
-        return [part.strip() for part in text.split(",")]
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, list):
-        raise ValueError(f"{option}={value!r} is not a {what}; {usage}")
-    return parsed
-
-
-def parse_simulate_preemptions(value: Any) -> tuple[float, ...]:
-    """``[8, 5]``, ``"8,5"``, ``"[8, 5]"``, ``"8"``, ``8`` -> ``(8.0, 5.0)``; ``""``, ``"None"``, ``None`` -> ``()``."""
-    usage = "use seconds after start for each spot attempt, e.g. [8, 5] or '8,5' (empty or None: no interruptions)"
-    items: list[Any]
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        text = value.strip()
-        if text.lower() in ("", "none", "null"):
-            return ()
-        items = _split_list_text("simulate_preemptions", value, "list", usage)
-    elif _is_number(value):
-        items = [value]
-    elif isinstance(value, Sequence):
-        items = list(value)
-    else:
-        raise TypeError(f"simulate_preemptions={value!r} ({type(value).__name__}) is not a list of seconds; {usage}")
-    try:
-        return tuple(_seconds("simulate_preemptions", value, item) for item in items)
-    except ValueError as err:
-        raise ValueError(f"{err}; {usage}") from None
-
-
-def parse_gpus(value: Any) -> str | tuple[int, ...]:
-    """``"auto"`` (ask nvidia-smi) or device indices: ``[0, 1]``, ``"0,1"``, ``"[0, 1]"``; ``"none"``, ``[]``: none."""
-    usage = "use 'auto' (detect with nvidia-smi) or a list of device indices such as [0, 1] or '0,1' ([] for none)"
-    items: list[Any]
-    if isinstance(value, str):
-        text = value.strip()
-        if text.lower() == "auto":
-            return "auto"
-        if text.lower() in ("", "none", "[]"):
-            return ()
-        items = _split_list_text("gpus", value, "device list", usage)
-    elif isinstance(value, Sequence):
-        items = list(value)
-    else:
-        # a bare int is refused: gpus=2 could mean "two GPUs" as well as "device 2"
-        raise TypeError(f"gpus={value!r} ({type(value).__name__}) is not a device list; {usage}")
-    devices: list[int] = []
-    for item in items:
-        if isinstance(item, str) and item.strip().isdigit():
-            item = int(item.strip())
-        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
-            raise ValueError(f"gpus={value!r}: {item!r} is not a device index (an integer >= 0); {usage}")
-        if item in devices:
-            raise ValueError(f"gpus={value!r}: device {item} is listed twice; {usage}")
-        devices.append(item)
-    return tuple(devices)
+def _strip_cancel_prefix(reason: str) -> str:
+    return reason[len(names.CANCEL_PREFIX) :] if reason.startswith(names.CANCEL_PREFIX) else reason
 
 
 class LocalBackend(Backend):
@@ -206,7 +157,7 @@ class LocalBackend(Backend):
     GPUs are detected when a job is submitted.
 
     :param state_dir: where jobs keep their files; default ``[gpu_provider] local_state_dir`` from
-        the Airflow config, else ``$AIRFLOW_HOME/gpu_provider/local``. Templated strings accepted.
+        the Airflow config, else ``$AIRFLOW_HOME/gpu_provider/local``. Never from a template.
     :param simulate_preemptions: seconds after start at which the 1st, 2nd, ... *spot* attempt of a
         task instance is interrupted (``[8, 5]``, or a string ``"8,5"`` / ``"[8, 5]"``; empty: never).
         On-demand attempts and spot attempts beyond the list are not interrupted.
@@ -214,13 +165,28 @@ class LocalBackend(Backend):
         max runtime, simulated interruption, another node failing). Default 10.
     :param gpus: ``"auto"`` to detect devices with ``nvidia-smi``, or the device indices to use.
         With no device the jobs run CPU-only (``CUDA_VISIBLE_DEVICES=""``).
-    :param nvidia_smi: the ``nvidia-smi`` binary to ask (a name on ``PATH`` or a path).
+    :param nvidia_smi: the ``nvidia-smi`` binary to ask (a name on ``PATH`` or a path). It runs with
+        a minimal environment. Never from a template.
     :param retention_days: the folders (state, log) of jobs that ended longer ago than this are
         deleted, checked at most every 10 minutes when a job is submitted. ``0`` keeps them forever.
         Default 7.
+    :param run_as_user: run the job's processes as this user (its uid, primary group and groups),
+        like Airflow's ``run_as_user`` impersonation; default ``[gpu_provider] local_run_as_user``,
+        else the worker's own user. The worker must run as root. Never from a template.
     """
 
     name: ClassVar[str] = "local"
+    service: ClassVar[str] = "the local backend"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        multi_node=True,
+        multi_node_spot=True,
+        fractional_gpus=True,
+        instance_types=False,  # the machine is what it is
+        image_required=False,
+        restarts_inside_job=False,
+        unique_names=True,  # one folder per attempt name: a second submit of a name adopts the first
+    )
+    fixed_options: ClassVar[frozenset[str]] = frozenset({"nvidia_smi", "state_dir", "run_as_user"})
     #: reading a few local files is cheap: look often
     default_poll_interval: ClassVar[float] = 2.0
 
@@ -233,6 +199,7 @@ class LocalBackend(Backend):
         gpus: str | Sequence[int] = "auto",
         nvidia_smi: str = "nvidia-smi",
         retention_days: float | str = 7.0,
+        run_as_user: str | None = None,
     ) -> None:
         if state_dir is not None and not isinstance(state_dir, (str, os.PathLike)):
             raise TypeError(f"state_dir={state_dir!r} ({type(state_dir).__name__}) must be a path string or None")
@@ -240,12 +207,14 @@ class LocalBackend(Backend):
         self._state_dir_arg: str | None = None if text.lower() in ("", "none") else text
         self._state_dir: Path | None = None
         self.simulate_preemptions = parse_simulate_preemptions(simulate_preemptions)
-        self.grace_period = _seconds("grace_period", grace_period)
-        self.retention_days = _seconds("retention_days", retention_days)
+        self.grace_period = seconds_option("grace_period", grace_period)
+        self.retention_days = seconds_option("retention_days", retention_days)
         self.gpus = parse_gpus(gpus)
         if not isinstance(nvidia_smi, str) or not nvidia_smi.strip():
             raise ValueError(f"nvidia_smi={nvidia_smi!r} must name the nvidia-smi binary (a name on PATH or a path)")
         self.nvidia_smi = nvidia_smi.strip()
+        self._run_as_user_arg = parse_run_as_user(run_as_user)
+        self._run_as_user_resolved = self._run_as_user_arg is not None
 
     # --- configuration -------------------------------------------------------------------------
 
@@ -259,6 +228,14 @@ class LocalBackend(Backend):
                 self._state_dir = default_state_dir()
         return self._state_dir
 
+    @property
+    def run_as_user(self) -> str | None:
+        """The user the job's processes run as (``None``: the worker's); the config is read on first use."""
+        if not self._run_as_user_resolved:
+            self._run_as_user_arg = parse_run_as_user(default_run_as_user())
+            self._run_as_user_resolved = True
+        return self._run_as_user_arg
+
     def options(self) -> dict[str, Any]:
         return {
             "state_dir": str(self.state_dir),
@@ -267,12 +244,28 @@ class LocalBackend(Backend):
             "gpus": self.gpus if isinstance(self.gpus, str) else list(self.gpus),
             "nvidia_smi": self.nvidia_smi,
             "retention_days": self.retention_days,
+            "run_as_user": self.run_as_user,
         }
 
     @classmethod
     def from_options(cls, **options: Any) -> LocalBackend:
         """Rebuild from :meth:`options` or from rendered template strings (``grace_period="3"``...)."""
         return cls(**options)
+
+    def validate(
+        self,
+        resources: GpuResources,
+        capacity: str,
+        *,
+        multi_capacity: bool,
+        priority: int | None = None,
+        max_runtime_s: float | None = None,
+    ) -> None:
+        """The shared checks, and that the worker can switch to ``run_as_user`` (it runs as root)."""
+        super().validate(
+            resources, capacity, multi_capacity=multi_capacity, priority=priority, max_runtime_s=max_runtime_s
+        )
+        resolve_run_as(self.run_as_user)
 
     def _devices(self) -> list[int]:
         """The GPUs jobs may use; logs once per process when there are none."""
@@ -285,7 +278,7 @@ class LocalBackend(Backend):
             _log_once("no-gpu", "no NVIDIA GPU found (%s): running jobs CPU-only", problem)
         return devices
 
-    # --- the contract --------------------------------------------------------------------------
+    # --- the state directory -------------------------------------------------------------------
 
     def _jobs_dir(self) -> Path:
         return self.state_dir / common.JOBS_DIR
@@ -294,17 +287,42 @@ class LocalBackend(Backend):
         job_dir = handle.extra.get("job_dir")
         return Path(job_dir) if job_dir else self._jobs_dir() / handle.job_id
 
-    def _previous_spot_attempts(self, task: TaskKey) -> int:
-        return sum(1 for req in self._requests(task) if req.get("capacity") == "spot")
+    def _ensure_jobs_dir(self) -> Path:
+        """Create the state directory and ``jobs/`` (0700) if needed; refuse a ``jobs/`` that is a link."""
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=common.DIR_MODE)
+        jobs = self._jobs_dir()
+        with contextlib.suppress(FileExistsError):
+            jobs.mkdir(mode=common.DIR_MODE)
+        self._check_jobs_dir(jobs)
+        return jobs
+
+    @staticmethod
+    def _check_jobs_dir(jobs: Path) -> None:
+        info = os.lstat(jobs)
+        if not stat.S_ISDIR(info.st_mode):
+            raise GpuJobError(
+                f"{jobs} is a symbolic link or not a folder: the local backend keeps its jobs in a real folder "
+                "inside its state directory and never follows links out of it. Remove it, or configure another "
+                "state_dir"
+            )
+
+    def _job_dirs(self) -> Iterator[Path]:
+        """Every job folder in ``jobs/``: real folders only (no links, no half-made ``.new-*`` folders)."""
+        jobs = self._jobs_dir()
+        try:
+            self._check_jobs_dir(jobs)
+            entries = list(os.scandir(jobs))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False):
+                yield Path(entry.path)
 
     def _requests(self, task: TaskKey) -> list[dict[str, Any]]:
         """request.json of every job of ``task`` in the state directory."""
-        jobs = self._jobs_dir()
-        if not jobs.is_dir():
-            return []
         wanted = asdict(task)
         found = []
-        for job_dir in jobs.iterdir():
+        for job_dir in self._job_dirs():
             # the name prefix narrows the scan; the stored TaskKey decides (prefixes are slugs and may collide)
             if not job_dir.name.startswith(task.prefix + "-"):
                 continue
@@ -313,13 +331,48 @@ class LocalBackend(Backend):
                 found.append(req)
         return found
 
+    def _previous_spot_attempts(self, task: TaskKey) -> int:
+        return sum(1 for req in self._requests(task) if req.get("capacity") == names.SPOT)
+
+    # --- submit --------------------------------------------------------------------------------
+
+    def _existing(self, identity: JobIdentity) -> JobHandle | None:
+        """The attempt already submitted under ``identity.name``, if any (create-or-adopt)."""
+        folder = self._jobs_dir() / identity.name
+        candidates: list[dict[str, Any] | None] = []
+        if folder.is_dir() and not folder.is_symlink():
+            req = common.read_json(folder / common.REQUEST_FILE)
+            if req is None:
+                raise GpuJobError(
+                    f"local job {identity.name}: its folder {folder} exists but its request.json cannot be read; "
+                    "it cannot be adopted or submitted again. Remove the folder to submit this attempt anew"
+                )
+            candidates.append(req)
+        # folders of older versions carry a random suffix after the name
+        candidates.extend(self._requests(identity.task))
+        for req in candidates:
+            if req is None or (req.get("identity") or {}).get("name") != identity.name or "handle" not in req:
+                continue
+            if req.get("task") != asdict(identity.task):
+                raise GpuJobError(
+                    f"local job {identity.name}: the name is taken by a job of another task ({req.get('task')}); "
+                    "this cannot happen unless two run hashes collide. Remove the folder or rename the task"
+                )
+            return JobHandle.from_dict(req["handle"])
+        return None
+
     def submit(self, request: JobRequest) -> JobHandle:
+        """Start the attempt, or return the handle of the one already started under its name.
+
+        Nothing is left behind when it fails: no folder, no process.
+        """
         _reap_children()
         for key, value in request.env.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise TypeError(
                     f"env[{key!r}] is a {type(value).__name__}: environment names and values must be strings"
                 )
+        run_as = resolve_run_as(self.run_as_user)
         if request.image:
             _log_once(
                 "image",
@@ -327,25 +380,26 @@ class LocalBackend(Backend):
                 request.image,
             )
         identity = request.identity
-        jobs = self._jobs_dir()
-        jobs.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            jobs = self._ensure_jobs_dir()
+            existing = self._existing(identity)
+        except OSError as err:
+            raise GpuJobError(
+                f"local job {identity.name}: cannot use the state directory {self.state_dir}: {err}"
+            ) from err
+        if existing is not None:
+            log.info("local job %s exists already (submitted before): adopting it", existing.job_id)
+            return existing
         self._prune_now_and_then()
-        spot_index = self._previous_spot_attempts(identity.task) if request.capacity == "spot" else None
+        spot_index = self._previous_spot_attempts(identity.task) if request.capacity == names.SPOT else None
         preempt_after = (
             self.simulate_preemptions[spot_index]
             if spot_index is not None and spot_index < len(self.simulate_preemptions)
             else None
         )
         devices = self._devices()
-
-        while True:
-            job_id = f"{identity.name}-{secrets.token_hex(3)}"
-            job_dir = jobs / job_id
-            try:
-                job_dir.mkdir(mode=0o700)
-                break
-            except FileExistsError:  # 1 in 16 million: draw again
-                continue
+        job_id = identity.name
+        job_dir = jobs / job_id
         submitted_at = time.time()
         handle = JobHandle(
             backend=self.name,
@@ -356,58 +410,117 @@ class LocalBackend(Backend):
             submitted_at=submitted_at,
             extra={"job_dir": str(job_dir)},
         )
-        common.write_json_atomic(
-            job_dir / common.REQUEST_FILE,
-            {
-                "version": common.REQUEST_VERSION,
-                "job_id": job_id,
-                "handle": handle.to_dict(),
-                "task": asdict(identity.task),
-                "identity": {
-                    "name": identity.name,
-                    "try_number": identity.try_number,
-                    "attempt": identity.attempt,
-                    "capacity": identity.capacity,
-                    "team": identity.team,
-                    "tags": identity.tags(),
-                },
-                "command": list(request.command),
-                "env": dict(request.env),
-                "base_env": common.base_env(os.environ),
-                "cwd": os.getcwd(),
-                "resources": request.resources.to_dict(),
-                "capacity": request.capacity,
-                "image": request.image,
-                "max_runtime_s": request.max_runtime_s,
-                "checkpoint_uri": request.checkpoint_uri,
-                "resume_from": request.resume_from,
-                "gpu_devices": devices,
-                "grace_period": self.grace_period,
-                "spot_index": spot_index,
-                "preempt_after_s": preempt_after,
-                "state_dir": str(self.state_dir),
-                "submitted_at": submitted_at,
+        work_dir: str | None = None
+        if run_as is not None:
+            # the job's own writable folder, outside the state directory (which its user cannot enter)
+            try:
+                work_dir = tempfile.mkdtemp(prefix=f"gpu-provider-{job_id}-")
+                os.chown(work_dir, run_as["uid"], run_as["gid"])
+            except OSError as err:
+                common.remove_work_dir(work_dir)
+                raise GpuJobError(f"local job {job_id}: could not create its work folder: {err}") from err
+        record = {
+            "version": common.REQUEST_VERSION,
+            "job_id": job_id,
+            "handle": handle.to_dict(),
+            "task": asdict(identity.task),
+            "identity": {
+                "name": identity.name,
+                "try_number": identity.try_number,
+                "attempt": identity.attempt,
+                "capacity": identity.capacity,
+                "team": identity.team,
+                "tags": identity.tags(),
             },
-        )
-        common.write_json_atomic(
-            job_dir / common.STATUS_FILE,
-            {"state": common.QUEUED, "reason": "starting the local supervisor", "updated_at": submitted_at},
-        )
+            "command": list(request.command),
+            # names only: the values go to the supervisor over a pipe and never touch the disk
+            "env_keys": sorted(request.env),
+            "cwd": os.getcwd(),
+            "run_as": run_as,
+            "work_dir": work_dir,
+            "resources": request.resources.to_dict(),
+            "capacity": request.capacity,
+            "image": request.image,
+            "max_runtime_s": request.max_runtime_s,
+            "checkpoint_uri": request.checkpoint_uri,
+            "resume_from": request.resume_from,
+            "gpu_devices": devices,
+            "grace_period": self.grace_period,
+            "spot_index": spot_index,
+            "preempt_after_s": preempt_after,
+            "state_dir": str(self.state_dir),
+            "submitted_at": submitted_at,
+        }
         try:
-            proc = self._start_supervisor(job_dir)
-        except OSError as err:
-            reason = f"could not start the local supervisor: {err}"
-            common.write_json_atomic(
-                job_dir / common.STATUS_FILE, {"state": common.FAILED, "reason": reason, "ended_at": time.time()}
-            )
-            raise GpuJobError(f"local job {job_id}: {reason}") from err
-        common.write_json_atomic(
-            job_dir / common.SUPERVISOR_FILE, {"pid": proc.pid, "pid_start": common.process_start_time(proc.pid)}
-        )
+            adopted = self._create_job_dir(jobs, job_dir, record)
+        except BaseException:
+            common.remove_work_dir(work_dir)
+            raise
+        if adopted is not None:
+            common.remove_work_dir(work_dir)
+            log.info("local job %s was submitted at the same moment by another caller: adopting it", job_id)
+            return adopted
+        secrets_payload = {"env": dict(request.env), "base_env": common.base_env(os.environ)}
+        try:
+            proc = self._start_supervisor(job_dir, secrets_payload)
+        except BaseException as err:
+            shutil.rmtree(job_dir, ignore_errors=True)
+            common.remove_work_dir(work_dir)
+            if isinstance(err, OSError):
+                raise GpuJobError(f"local job {job_id}: could not start the local supervisor: {err}") from err
+            raise
         log.info("local job %s submitted (supervisor pid %s, state in %s)", job_id, proc.pid, job_dir)
         return handle
 
-    def _start_supervisor(self, job_dir: Path) -> subprocess.Popen[bytes]:
+    def _create_job_dir(self, jobs: Path, job_dir: Path, record: dict[str, Any]) -> JobHandle | None:
+        """Write the job's folder under a temporary name and rename it into place.
+
+        The rename is the create-or-adopt decision: it fails when ``job_dir`` exists, and then the
+        handle of the job there is returned. A failure leaves no folder behind.
+        """
+        new = jobs / f".new-{job_dir.name}-{secrets.token_hex(4)}"
+        new.mkdir(mode=common.DIR_MODE)
+        try:
+            common.write_json_atomic(new / common.REQUEST_FILE, record)
+            common.write_json_atomic(
+                new / common.STATUS_FILE,
+                {
+                    "state": common.QUEUED,
+                    "reason": "starting the local supervisor",
+                    "queued_since": record["submitted_at"],
+                    "updated_at": record["submitted_at"],
+                },
+            )
+            # written in place later, so that neither needs disk space when it matters
+            common.preallocate(new / common.SUPERVISOR_FILE, {"pid": None})
+            common.preallocate(new / common.FATAL_FILE, {})
+            os.close(os.open(new / common.LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+            os.close(os.open(new / common.SUPERVISOR_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+            try:
+                os.rename(new, job_dir)
+            except OSError as err:
+                if err.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                req = common.read_json(job_dir / common.REQUEST_FILE)
+                if req is None or "handle" not in req:
+                    raise GpuJobError(
+                        f"local job {job_dir.name}: {job_dir} exists but its request.json cannot be read; "
+                        "remove the folder to submit this attempt anew"
+                    ) from err
+                return JobHandle.from_dict(req["handle"])
+        except BaseException as err:
+            shutil.rmtree(new, ignore_errors=True)
+            if isinstance(err, OSError):
+                raise GpuJobError(f"local job {job_dir.name}: could not write its folder in {jobs}: {err}") from err
+            raise
+        shutil.rmtree(new, ignore_errors=True)  # only still there when the rename failed
+        return None
+
+    def _start_supervisor(self, job_dir: Path, secrets_payload: Mapping[str, Any]) -> subprocess.Popen[bytes]:
+        """Start the job's supervisor, hand it the environment values over its stdin, record its pid.
+
+        A failure after the process started kills it (its whole session) before raising.
+        """
         # The supervisor gets the same allow-listed environment as the nodes (no connections or keys
         # in its /proc/<pid>/environ either), plus the directory this package is imported from.
         env = common.base_env(os.environ)
@@ -418,39 +531,78 @@ class LocalBackend(Backend):
                 [sys.executable, "-m", "gpu_provider.backends._local_supervisor", str(job_dir)],
                 cwd=job_dir,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=sup_log,
                 stderr=subprocess.STDOUT,
                 close_fds=True,
                 start_new_session=True,  # not in the worker's process group: a worker crash does not stop the job
             )
+        try:
+            assert proc.stdin is not None
+            with proc.stdin:
+                proc.stdin.write(json.dumps(secrets_payload).encode("utf-8"))
+            common.overwrite_in_place(
+                job_dir / common.SUPERVISOR_FILE, {"pid": proc.pid, "pid_start": common.process_start_time(proc.pid)}
+            )
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
         with _children_lock:
             _children.append(proc)
         return proc
 
-    def poll(self, handles: Sequence[JobHandle]) -> dict[str, JobStatus]:
-        """Statuses read from each job's ``status.json``. A job whose supervisor vanished without a
-        final state (killed, machine rebooted) is reported ``FAILED`` and its processes are killed.
+    # --- status --------------------------------------------------------------------------------
+
+    def poll(self, handles: Sequence[JobHandle]) -> PollResult:
+        """Statuses read from each job's ``status.json``, one entry per handle.
+
+        A job whose supervisor vanished without a final state (killed, disk full, machine rebooted)
+        is reported ``FAILED`` with the reason, and its processes are killed. A job whose folder is
+        gone is ``FAILED`` with ``interruption="lost"``. A job whose files cannot be read gets a
+        :class:`GpuJobStatusError` entry; the other jobs are unaffected.
 
         ``gpu_seconds`` is the GPU-seconds the job held or would have held: requested GPUs x nodes x
         time since its processes started (also on a CPU-only machine, so estimates stay comparable).
         """
         _reap_children()
-        return {handle.job_id: self._status(handle) for handle in handles}
+        result: PollResult = {}
+        for handle in handles:
+            try:
+                result[handle.job_id] = self._status(handle)
+            except (GpuJobError, OSError, ValueError, KeyError, TypeError) as err:
+                result[handle.job_id] = GpuJobStatusError(
+                    f"local job {handle.job_id}: its state in {self._job_dir(handle)} cannot be read: {err}"
+                )
+        return result
 
     def _status(self, handle: JobHandle) -> JobStatus:
         job_dir = self._job_dir(handle)
         request = common.read_json(job_dir / common.REQUEST_FILE)
         if request is None:
+            if os.path.lexists(job_dir):
+                raise GpuJobError(f"{job_dir / common.REQUEST_FILE} is missing or not valid JSON")
             return JobStatus(
                 state=JobState.FAILED,
-                reason=f"local job {handle.job_id}: {job_dir / common.REQUEST_FILE} is missing "
-                "(state directory deleted or on another machine?)",
+                reason=f"local job {handle.job_id}: its folder {job_dir} is gone (pruned, deleted, or the state "
+                "directory is on another machine); how the job ended is unknown",
+                interruption=names.LOST,
+                capacity=handle.capacity,
             )
         status = common.read_json(job_dir / common.STATUS_FILE) or {"state": common.QUEUED}
+        map_state(STATE_TABLE, str(status.get("state")), backend=self.name)  # an unknown state is an error
         if status.get("state") not in common.TERMINAL_STATES:
             status = self._check_supervisor(job_dir, request, status)
         state = map_state(STATE_TABLE, str(status.get("state")), backend=self.name)
+        reason = _strip_cancel_prefix(str(status.get("reason") or ""))
+        interruption = None
+        if state is JobState.CANCELLED:
+            asked = str((common.read_json(job_dir / common.CANCEL_FILE) or {}).get("reason") or reason)
+            if _strip_cancel_prefix(asked).startswith(names.CAPACITY_TIMEOUT_MARK):
+                interruption = names.CAPACITY_TIMEOUT
+        elif state is JobState.PREEMPTED:
+            interruption = names.PREEMPTED
         started_at = status.get("started_at")
         ended_at = status.get("ended_at")
         held = 0.0
@@ -459,23 +611,29 @@ class LocalBackend(Backend):
             held = gpu_seconds(
                 float(request["resources"]["gpus"]), int(request["resources"]["nodes"]), end - started_at
             )
+        marks = common.read_json(job_dir / common.MARK_FILE) or {}
+        owner_try = marks.get("owner_try")
+        if owner_try is None:
+            owner_try = (request.get("identity") or {}).get("try_number")
         return JobStatus(
             state=state,
-            reason=str(status.get("reason") or ""),
+            reason=reason,
             exit_code=status.get("exit_code"),
             started_at=started_at,
             ended_at=ended_at,
             gpu_seconds=held,
             output_uri=self._output_uri(job_dir),
+            interruption=interruption,
+            queued_since=status.get("queued_since") or request.get("submitted_at"),
+            capacity=str(request.get("capacity") or handle.capacity),
+            owner_try=int(owner_try) if owner_try is not None else None,
+            collected=bool(marks.get("collected")),
         )
 
     @staticmethod
     def _output_uri(job_dir: Path) -> str | None:
-        try:
-            text = (job_dir / common.OUTPUT_FILE).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError):
-            return None
-        return text or None
+        text = common.read_small_text(job_dir / common.OUTPUT_FILE)
+        return (text or "").strip() or None
 
     @staticmethod
     def _supervisor(job_dir: Path, status: Mapping[str, Any]) -> tuple[int | None, int | None]:
@@ -487,46 +645,72 @@ class LocalBackend(Backend):
 
     def _check_supervisor(self, job_dir: Path, request: Mapping[str, Any], status: dict[str, Any]) -> dict[str, Any]:
         """Turn a non-terminal status whose supervisor is gone into a terminal one (and kill the rest)."""
+        known = _orphans.get(str(job_dir))
+        if known is not None:
+            return known
         pid, pid_start = self._supervisor(job_dir, status)
+        fatal = str((common.read_json(job_dir / common.FATAL_FILE) or {}).get("reason") or "")
         if pid is None:
-            if time.time() - float(request.get("submitted_at", 0)) < _SUPERVISOR_START_TIMEOUT_S:
-                return status  # submit is between writing request.json and recording the supervisor
-            reason = "local supervisor never started (the submitting worker died during submit?)"
+            if not fatal and time.time() - float(request.get("submitted_at", 0)) < _SUPERVISOR_START_TIMEOUT_S:
+                return status  # submit is between starting the supervisor and recording its pid
+            reason = fatal or "local supervisor never started (the submitting worker died during submit?)"
         elif common.is_alive(pid, pid_start):
             return status
         else:
-            reason = f"local supervisor process {pid} disappeared"
+            reason = fatal or f"local supervisor process {pid} disappeared"
         # the supervisor may have written its final state just before exiting
         fresh = common.read_json(job_dir / common.STATUS_FILE) or status
         if fresh.get("state") in common.TERMINAL_STATES:
             return fresh
-        return self._end_orphan(job_dir, fresh, reason)
+        return self._end_orphan(job_dir, request, fresh, reason)
 
-    def _end_orphan(self, job_dir: Path, status: dict[str, Any], reason: str) -> dict[str, Any]:
-        """Kill the node processes of a job without a supervisor and record its end."""
+    def _end_orphan(
+        self, job_dir: Path, request: Mapping[str, Any], status: dict[str, Any], reason: str
+    ) -> dict[str, Any]:
+        """Kill the node processes of a job without a supervisor and record its end.
+
+        When the record cannot be written (disk full), the verdict is kept in memory and returned:
+        poll answers the same on every call instead of raising.
+        """
         common.kill_groups(status.get("nodes") or [], signal.SIGKILL)
+        common.remove_work_dir(request.get("work_dir"))
         cancel = common.read_json(job_dir / common.CANCEL_FILE)
         if cancel is not None:
             state, reason = common.CANCELLED, str(cancel.get("reason") or "cancelled")
         else:
             state = common.FAILED
-        status = {**status, "state": state, "reason": reason, "ended_at": time.time(), "updated_at": time.time()}
-        common.write_json_atomic(job_dir / common.STATUS_FILE, status)
+        now = time.time()
+        status = {**status, "state": state, "reason": reason, "ended_at": now, "updated_at": now}
+        try:
+            common.write_json_atomic(job_dir / common.STATUS_FILE, status)
+        except OSError as err:
+            _orphans[str(job_dir)] = status
+            log.warning("local job %s: %s; could not record it in status.json (%s)", job_dir.name, reason, err)
+        else:
+            _orphans.pop(str(job_dir), None)
         log.warning("local job %s: %s; marked %s", job_dir.name, reason, state.upper())
         return status
+
+    # --- cancel and marks ----------------------------------------------------------------------
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
         """Ask the supervisor to stop the job (SIGTERM to every node, SIGKILL after ``grace_period``).
 
         Returns at once; the processes are gone within about ``grace_period`` + 1 s. When the
         supervisor is already gone, the node processes are killed here and the job is marked cancelled.
+        A reason starting (after :data:`~gpu_provider.names.CANCEL_PREFIX`) with
+        :data:`~gpu_provider.names.CAPACITY_TIMEOUT_MARK` is reported later as ``interruption="capacity_timeout"``.
+        Takes no lock: safe in a signal handler.
         """
         job_dir = self._job_dir(handle)
         status = common.read_json(job_dir / common.STATUS_FILE)
         if status is None or status.get("state") in common.TERMINAL_STATES:
             return
         if not (job_dir / common.CANCEL_FILE).exists():  # keep the first reason: cancel is idempotent
-            common.write_json_atomic(job_dir / common.CANCEL_FILE, {"reason": reason, "at": time.time()})
+            try:
+                common.write_json_atomic(job_dir / common.CANCEL_FILE, {"reason": reason, "at": time.time()})
+            except OSError as err:  # stop the job all the same; only the reason is lost
+                log.warning("local job %s: cancel reason not recorded (%s); stopping it anyway", handle.job_id, err)
         pid, pid_start = self._supervisor(job_dir, status)
         if pid is not None and common.is_alive(pid, pid_start):
             try:
@@ -535,8 +719,40 @@ class LocalBackend(Backend):
             except ProcessLookupError:
                 pass
         fresh = common.read_json(job_dir / common.STATUS_FILE) or status
-        if fresh.get("state") not in common.TERMINAL_STATES:
-            self._end_orphan(job_dir, fresh, reason)
+        request = common.read_json(job_dir / common.REQUEST_FILE) or {}
+        if fresh.get("state") not in common.TERMINAL_STATES and (pid is not None or request):
+            self._end_orphan(job_dir, request, fresh, reason)
+
+    def simulate_preemption(self, handle: JobHandle) -> None:
+        """Interrupt a running job now, as ``simulate_preemptions`` would (SIGTERM, grace period,
+        SIGKILL; the job ends ``PREEMPTED``). For tests and demos of interruption handling."""
+        job_dir = self._job_dir(handle)
+        if common.read_json(job_dir / common.REQUEST_FILE) is None:
+            raise GpuJobError(f"local job {handle.job_id}: cannot interrupt it, its folder {job_dir} is gone")
+        common.write_json_atomic(
+            job_dir / common.PREEMPT_FILE,
+            {"reason": "simulated spot interruption (LocalBackend.simulate_preemption)", "at": time.time()},
+        )
+
+    def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:
+        """Record in the job's folder (``mark.json``, written atomically) the try that owns it, and
+        whether its outcome was collected; :meth:`poll` reports both. ``collected`` never goes back."""
+        if owner_try is not None and (isinstance(owner_try, bool) or not isinstance(owner_try, int) or owner_try < 1):
+            raise ValueError(f"owner_try={owner_try!r} must be an Airflow try number (an integer >= 1) or None")
+        job_dir = self._job_dir(handle)
+        if common.read_json(job_dir / common.REQUEST_FILE) is None:
+            raise GpuJobError(f"local job {handle.job_id}: cannot mark it, its folder {job_dir} is gone")
+        marks = common.read_json(job_dir / common.MARK_FILE) or {}
+        if owner_try is not None:
+            marks["owner_try"] = owner_try
+        marks["collected"] = bool(marks.get("collected")) or bool(collected)
+        marks["updated_at"] = time.time()
+        try:
+            common.write_json_atomic(job_dir / common.MARK_FILE, marks)
+        except OSError as err:
+            raise GpuJobError(f"local job {handle.job_id}: could not write {common.MARK_FILE}: {err}") from err
+
+    # --- lookup and housekeeping ---------------------------------------------------------------
 
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt of exactly this task instance found in the state directory, oldest attempt first."""
@@ -545,33 +761,58 @@ class LocalBackend(Backend):
 
     def list_jobs(self) -> list[JobHandle]:
         """Every job in the state directory, of any task, oldest submission first (cleanup, reaper)."""
-        jobs = self._jobs_dir()
-        if not jobs.is_dir():
-            return []
-        requests = (common.read_json(job_dir / common.REQUEST_FILE) for job_dir in jobs.iterdir())
+        requests = (common.read_json(job_dir / common.REQUEST_FILE) for job_dir in self._job_dirs())
         handles = [JobHandle.from_dict(req["handle"]) for req in requests if req is not None and "handle" in req]
         return sorted(handles, key=lambda h: (h.submitted_at, h.job_id))
 
     def prune(self, *, now: float | None = None) -> list[str]:
         """Delete the folders of jobs that ended more than ``retention_days`` ago; return their ids.
 
-        Jobs still running, or whose state cannot be read, are never touched.
+        Never leaves the state directory: a ``jobs/`` that is a symbolic link is not pruned at all,
+        links inside it are not followed (nor removed), and folders are removed through a handle on
+        ``jobs/`` itself. Only folders that are really gone afterwards are reported. Jobs still
+        running, or whose state cannot be read, are never touched.
         """
         jobs = self._jobs_dir()
-        if self.retention_days <= 0 or not jobs.is_dir():
+        if self.retention_days <= 0:
             return []
-        cutoff = (time.time() if now is None else now) - self.retention_days * 86400
-        removed = []
-        for job_dir in jobs.iterdir():
-            status = common.read_json(job_dir / common.STATUS_FILE) or {}
-            ended_at = status.get("ended_at")
-            if (
-                status.get("state") in common.TERMINAL_STATES
-                and isinstance(ended_at, (int, float))
-                and ended_at < cutoff
-            ):
-                shutil.rmtree(job_dir, ignore_errors=True)
-                removed.append(job_dir.name)
+        wall = time.time() if now is None else now
+        cutoff = wall - self.retention_days * 86400
+        try:
+            jobs_fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return []
+        except OSError as err:  # ELOOP / ENOTDIR: a link or a file where jobs/ should be
+            log.warning("not pruning %s: it is a symbolic link or not a folder (%s)", jobs, err)
+            return []
+        removed: list[str] = []
+        try:
+            for entry in list(os.scandir(jobs_fd)):
+                if not entry.is_dir(follow_symlinks=False):
+                    continue  # links are not ours to follow or remove
+                if entry.name.startswith("."):
+                    # a folder a submit was writing when it died (never renamed into place: no process)
+                    stale = entry.stat(follow_symlinks=False).st_mtime < wall - _STALE_NEW_DIR_S
+                    if entry.name.startswith(".new-") and stale:
+                        common.remove_tree_at(jobs_fd, entry.name)
+                    continue
+                status = common.read_json_at(jobs_fd, entry.name, common.STATUS_FILE) or {}
+                ended_at = status.get("ended_at")
+                if not (
+                    status.get("state") in common.TERMINAL_STATES
+                    and isinstance(ended_at, (int, float))
+                    and ended_at < cutoff
+                ):
+                    continue
+                common.remove_tree_at(jobs_fd, entry.name)
+                try:
+                    os.lstat(entry.name, dir_fd=jobs_fd)
+                except FileNotFoundError:
+                    removed.append(entry.name)
+                else:
+                    log.warning("could not remove the folder of local job %s in %s completely", entry.name, jobs)
+        finally:
+            os.close(jobs_fd)
         if removed:
             log.info(
                 "removed %d local job folder(s) older than %g days from %s", len(removed), self.retention_days, jobs
@@ -598,30 +839,13 @@ class LocalBackend(Backend):
         status = common.read_json(self._job_dir(handle) / common.STATUS_FILE) or {}
         return [int(node["pid"]) for node in status.get("nodes") or [] if node.get("pid")]
 
-    def logs(self, handle: JobHandle, since: int = 0) -> tuple[list[str], int]:
-        """Complete lines of ``job.log`` from byte offset ``since`` (at most about 1 MiB per call).
+    def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = LOG_READ_BYTES) -> LogChunk:
+        """Complete lines of ``job.log`` after ``cursor``, about ``max_bytes`` of them per call.
 
-        :param since: a byte offset: 0, or the position a previous call returned
-        :return: the lines (without newlines) and the offset to pass next time
+        Overlong lines come cut (:func:`~gpu_provider.backends.base.clip_line`'s words) and their rest
+        is skipped without being held in memory; see :mod:`gpu_provider.backends._local_logs`.
         """
-        if since < 0:
-            raise ValueError(f"since={since!r} must be a byte offset >= 0")
-        try:
-            with open(self._job_dir(handle) / common.LOG_FILE, "rb") as fh:
-                fh.seek(since)
-                data = fh.read(_LOG_CHUNK)
-        except FileNotFoundError:
-            return [], since
-        end = data.rfind(b"\n")
-        if end < 0:
-            if len(data) < _LOG_CHUNK:
-                return [], since  # a line still being written
-            end = len(data) - 1  # one line longer than a chunk: hand it out in pieces
-        chunk = data[: end + 1]
-        lines = [line.decode("utf-8", errors="replace") for line in chunk.split(b"\n")]
-        if chunk.endswith(b"\n"):
-            lines.pop()
-        return lines, since + len(chunk)
+        return read_log(self._job_dir(handle) / common.LOG_FILE, cursor, max_bytes)
 
     def console_url(self, handle: JobHandle) -> str | None:
         return (self._job_dir(handle) / common.LOG_FILE).as_uri()

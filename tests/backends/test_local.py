@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from gpu_provider import names
 from gpu_provider.backends import _local_common as common
 from gpu_provider.backends import local as local_module
 from gpu_provider.backends.base import (
@@ -30,6 +31,7 @@ from gpu_provider.backends.base import (
     JobRequest,
     JobState,
     JobStatus,
+    LogChunk,
     TaskKey,
     map_state,
     resolve_backend,
@@ -109,7 +111,9 @@ class Local:
         return handle
 
     def poll(self, handle: JobHandle) -> JobStatus:
-        return self.backend.poll([handle])[handle.job_id]
+        status = self.backend.poll([handle])[handle.job_id]
+        assert isinstance(status, JobStatus), status
+        return status
 
     def raw(self, handle: JobHandle) -> dict[str, Any]:
         return common.read_json(Path(handle.extra["job_dir"]) / common.STATUS_FILE) or {}
@@ -205,6 +209,7 @@ def test_options_round_trip(tmp_path: Path) -> None:
         "gpus": [0, 1],
         "nvidia_smi": "nvidia-smi",
         "retention_days": 7.0,
+        "run_as_user": None,
     }
     rebuilt = LocalBackend.from_options(**options)
     assert rebuilt == backend
@@ -472,7 +477,7 @@ def test_cancel_while_waiting_for_gpus(local: Local, fake_nvidia_smi: str) -> No
     hold = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)"
     holder = local.submit(job(hold), backend=backend, gpus=4)
     local.wait(holder, JobState.RUNNING)
-    waiting = local.submit(job("pass"), backend=backend, gpus=1)
+    waiting = local.submit(job("pass"), backend=backend, task=TaskKey("dag", "waiting", "run"), gpus=1)
     wait_for("queued for GPUs", lambda: local.raw(waiting).get("state") == common.WAITING_FOR_GPUS)
     backend.cancel(waiting, "not needed any more")
     status = local.wait(waiting)
@@ -514,7 +519,8 @@ def test_gpu_allocation(local: Local, fake_nvidia_smi: str) -> None:
         return {int(d) for d in text.split(",")}
 
     def start(tag: str, **kwargs: Any) -> JobHandle:
-        return local.submit(job(code, str(local.tmp / tag)), backend=backend, **kwargs)
+        task = TaskKey(TASK.dag_id, tag, TASK.run_id)  # one task per job: the same identity would adopt the first
+        return local.submit(job(code, str(local.tmp / tag)), backend=backend, task=task, **kwargs)
 
     a, b = start("a", gpus=2), start("b", gpus=2)
     assert len(devices("a")) == len(devices("b")) == 2
@@ -524,7 +530,8 @@ def test_gpu_allocation(local: Local, fake_nvidia_smi: str) -> None:
     c = start("c", gpus=2)
     wait_for("c waiting", lambda: local.raw(c).get("state") == common.WAITING_FOR_GPUS)
     status = local.poll(c)
-    assert (status.state, status.reason) == (JobState.QUEUED, "waiting for 2 free GPU(s): 0 of 4 free")
+    assert (status.state, status.reason) == (JobState.QUEUED, "waiting for GPUs: 4 of 4 busy, 2 needed")
+    assert status.queued_since == pytest.approx(c.submitted_at, abs=1)
 
     too_big = start("big", gpus=8)
     status = local.wait(too_big)
@@ -567,7 +574,13 @@ def test_no_gpu_runs_cpu_only_and_says_so_once(
     code = "import os, sys; open(sys.argv[1], 'w').write(repr(os.environ['CUDA_VISIBLE_DEVICES']))"
     with caplog.at_level(logging.INFO, logger="gpu_provider.backends.local"):
         handles = [
-            local.submit(job(code, str(local.tmp / f"cvd{i}")), backend=backend, gpus=2, image="trainer:1")
+            local.submit(
+                job(code, str(local.tmp / f"cvd{i}")),
+                backend=backend,
+                task=TaskKey(TASK.dag_id, f"t{i}", TASK.run_id),
+                gpus=2,
+                image="trainer:1",
+            )
             for i in range(2)
         ]
         for handle in handles:
@@ -607,31 +620,33 @@ def test_logs_paging(local: Local) -> None:
     code = "import sys\nfor i in range(5):\n    print(f'line {i}')\nprint('oops', file=sys.stderr)"
     handle = local.submit(job(code))
     assert local.wait(handle).state is JobState.SUCCEEDED
-    lines, pos = local.backend.logs(handle)
-    node_lines = [line for line in lines if line.startswith("[node 0] ")]
+    chunk = local.backend.logs(handle)
+    node_lines = [line for line in chunk.lines if line.startswith("[node 0] ")]
     assert node_lines[:5] == [f"[node 0] line {i}" for i in range(5)]
     assert "[node 0] oops" in node_lines
+    assert not chunk.more
     log_file = Path(handle.extra["job_dir"]) / "job.log"
-    assert pos == log_file.stat().st_size
+    assert chunk.cursor == str(log_file.stat().st_size)
 
-    assert local.backend.logs(handle, since=pos) == ([], pos)
+    assert local.backend.logs(handle, chunk.cursor) == LogChunk([], chunk.cursor, False)
     with open(log_file, "ab") as fh:
         fh.write(b"[node 0] part")
-    assert local.backend.logs(handle, since=pos) == ([], pos)  # only complete lines
+    assert local.backend.logs(handle, chunk.cursor).lines == []  # only complete lines
     with open(log_file, "ab") as fh:
         fh.write(b"ial\n[node 0] next\n")
-    lines, new_pos = local.backend.logs(handle, since=pos)
-    assert lines == ["[node 0] partial", "[node 0] next"]
-    assert new_pos == log_file.stat().st_size
-    with pytest.raises(ValueError, match="since=-1"):
-        local.backend.logs(handle, since=-1)
+    later = local.backend.logs(handle, chunk.cursor)
+    assert later.lines == ["[node 0] partial", "[node 0] next"]
+    assert later.cursor == str(log_file.stat().st_size)
+    with pytest.raises(ValueError, match="cursor='-1' is not a cursor of the local backend's logs"):
+        local.backend.logs(handle, "-1")
 
 
 def test_poll_of_a_vanished_job_dir(local: Local) -> None:
     handle = JobHandle("local", "gp-x-1", "gp-x", 1, "spot", time.time(), {"job_dir": str(local.tmp / "gone")})
     status = local.backend.poll([handle])[handle.job_id]
-    assert status.state is JobState.FAILED
-    assert "request.json is missing" in status.reason
+    assert isinstance(status, JobStatus)
+    assert (status.state, status.interruption) == (JobState.FAILED, names.LOST)
+    assert "its folder" in status.reason and "is gone" in status.reason
     local.backend.cancel(handle, "nothing to cancel")  # no error
 
 
