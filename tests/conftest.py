@@ -1,4 +1,10 @@
-"""Test session setup: a private Airflow home (SQLite) configured before anything imports Airflow."""
+"""Test session setup: a private Airflow home (SQLite) configured before anything imports Airflow.
+
+`make test` runs the suite in parallel (pytest-xdist). Each worker is its own process and imports
+this file, so each gets its own Airflow home, metadata DB, local-backend state dir and emulators
+(session fixtures run once per worker); tests/parallel.py keeps the tests that share a module-scoped
+fixture on one worker.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ("tests.harness", "tests.batch_world")
+pytest_plugins = ("tests.harness", "tests.batch_world", "tests.parallel")
 
-_HOME = Path(tempfile.mkdtemp(prefix="gpu-provider-tests-"))
+# one home per process: under xdist every worker (gw0, gw1, ...) gets its own
+_HOME = Path(tempfile.mkdtemp(prefix=f"gpu-provider-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"))
 os.environ.update(
     {
         "AIRFLOW_HOME": str(_HOME),
@@ -23,6 +30,9 @@ os.environ.update(
         "AIRFLOW__CORE__DAGS_FOLDER": str(_HOME / "dags"),
         "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(_HOME / "local-jobs"),
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        # tasks that do not set poll_interval poll often (the local backend's default is 2 s); a
+        # test that is about the default removes this with monkeypatch
+        "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "0.3",
     }
 )
 (_HOME / "dags").mkdir()

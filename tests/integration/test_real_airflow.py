@@ -54,7 +54,7 @@ for deferrable in (True, False):
             backend=LocalBackend(state_dir=STATE, grace_period=1),
             command=job(300) + [name],
             deferrable=deferrable,
-            poll_interval=1,
+            poll_interval=0.5,
         )
     globals()[f"kill_{{name}}"] = dag
 
@@ -65,12 +65,12 @@ with DAG(dag_id="kill_batch_deferred", schedule=None, catchup=False) as kill_bat
         image="trainer:1",
         command=job(300) + ["batch"],
         deferrable=True,
-        poll_interval=1,
+        poll_interval=0.5,
     )
 
 with DAG(dag_id="fan_out", schedule=None, catchup=False) as fan_out:
     GpuJobOperator.partial(
-        task_id="job", backend=LocalBackend(state_dir=STATE), deferrable=True, poll_interval=1
+        task_id="job", backend=LocalBackend(state_dir=STATE), deferrable=True, poll_interval=0.5
     ).expand(command=[job(2) + [f"fan{{i}}"] for i in range(4)])
 """
 
@@ -101,7 +101,7 @@ class Airflow:
             except urllib.error.HTTPError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(1)
+                time.sleep(0.5)
         self.api("POST", f"/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None})
 
     def ti_state(self, dag_id: str, run_id: str, suffix: str = "") -> Any:
@@ -116,10 +116,13 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """Ports that were free a moment ago, all different (the sockets stay open until all are picked)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +138,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld
         on_demand_queue=batch_emulator.setup.on_demand_queue,
     )
     (dags / "real_airflow_dags.py").write_text(textwrap.dedent(source))
-    port = _free_port()
+    port, worker_log_port, trigger_log_port = _free_ports(3)
     env = dict(os.environ)
     env.update(connection_env(batch_emulator.emulator))  # the Batch DAG's jobs go to the emulator
     env.update(
@@ -145,6 +148,9 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__API__PORT": str(port),
+            # the scheduler's and the triggerer's log servers: free ports too (another run may be going on)
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(worker_log_port),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(trigger_log_port),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
@@ -207,7 +213,7 @@ def test_marking_a_task_failed_cancels_its_job(airflow: Airflow, mode: str) -> N
     url = links["extra_links"]["GPU job"]
     assert url.startswith("file://") and url.endswith("/job.log"), links
     airflow.api("PATCH", f"/dags/{dag_id}/dagRuns/run1/taskInstances/job", {"new_state": "failed"})
-    # one poll interval (1 s) and the job's grace period (1 s), with room for a loaded machine
+    # one poll interval (0.5 s) and the job's grace period (1 s), with room for a loaded machine
     wait_for(lambda: not pid_alive(pid), 20, "the job to be cancelled")
 
 
