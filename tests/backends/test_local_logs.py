@@ -4,7 +4,10 @@ memory stays small whatever the job prints, overlong lines come back cut."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from gpu_provider.backends.base import MAX_LOG_LINE_CHARS, JobHandle, JobState, LogChunk, TaskKey, clip_line
 from gpu_provider.backends.local import LocalBackend
@@ -65,9 +68,20 @@ HUGE_LINE = """
 """
 
 
-def test_a_300_mib_line_without_newline_costs_little_memory_and_loses_nothing(local: Local) -> None:
-    mib, release = 300, local.tmp / "release"
-    handle = local.submit(job(HUGE_LINE, str(mib), str(release)), max_runtime_s=120)
+@pytest.fixture
+def huge_log(local: Local) -> Iterator[JobHandle]:
+    """The 300 MiB line job; its log is deleted afterwards (pytest keeps recent temporary folders)."""
+    handle = local.submit(job(HUGE_LINE, "300", str(local.tmp / "release")), max_runtime_s=120)
+    try:
+        yield handle
+    finally:
+        (Path(handle.extra["job_dir"]) / "job.log").unlink(missing_ok=True)
+
+
+def test_a_300_mib_line_without_newline_costs_little_memory_and_loses_nothing(
+    local: Local, huge_log: JobHandle
+) -> None:
+    mib, release, handle = 300, local.tmp / "release", huge_log
     log_file = Path(handle.extra["job_dir"]) / "job.log"
     prefix = b"[node 0] "
     started = b"[local] "  # the supervisor's own first line
