@@ -51,7 +51,8 @@ class AttemptRecord:
     restarts: int = 0
     """Interruptions the service absorbed inside the attempt by restarting the job itself."""
     collected: bool = False
-    """A try returned the attempt's result or failed on it: a later try (a cleared task) starts anew."""
+    """The task instance's run of the job ended with this attempt (a try returned its result, or failed
+    on it with no Airflow retry to follow): a later try is a cleared task, and starts anew."""
 
     # --- identity, from the handle ---
     @property

@@ -211,7 +211,8 @@ class AttemptRunner:
         return result
 
     def collect(self, record: AttemptRecord | None) -> None:
-        """This try consumed ``record``'s outcome: mark it collected, so a cleared task runs the job anew."""
+        """The task instance's run of the job ended with ``record`` (it succeeded, or the try failed for
+        good): mark it collected, so a cleared task runs the job anew; ``None`` only saves the records."""
         if record is not None and record.state.terminal and record.owner_try in (None, self.engine.try_number):
             record.collected = True
             try:

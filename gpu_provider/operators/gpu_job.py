@@ -33,7 +33,7 @@ from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succ
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, poll_one, recover
 from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT
-from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError
+from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
 from gpu_provider.job import MAX_DURATION_S, is_templated, to_bool, to_seconds, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
 from gpu_provider.operators._fields import (
@@ -365,7 +365,9 @@ class GpuJobOperator(BaseOperator):
         engine = runner.engine
         while True:
             if isinstance(step, Fail):
-                runner.collect(step.record)
+                # the run of the job ends here unless an Airflow retry continues it (same budget, same history)
+                retried = not isinstance(step.error, GpuJobStoppedError) and plan.try_number <= int(self.retries or 0)
+                runner.collect(None if retried else step.record)
                 raise step.error
             if isinstance(step, Succeed):
                 return runner.succeed(step.record, plan.checkpoint_uri)
