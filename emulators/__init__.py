@@ -5,4 +5,6 @@ exercised end to end against a real HTTP endpoint on one machine, without an AWS
 
 * :mod:`emulators.aws_batch` - AWS Batch (and the CloudWatch Logs it writes to) on moto in server mode,
   with every job's container command run as a local process.
+* :mod:`emulators.core` - what every emulator shares: moto's server with a middleware that records
+  requests and injects faults (throttling, lost responses).
 """

@@ -30,8 +30,10 @@ What it adds to moto (moto 5.2.5; everything is undone by :meth:`BatchEmulator.s
   groups, SIGKILL after ``grace_period``. ``timeout.attemptDurationSeconds`` is enforced the same way.
 * **Fault injection:** :meth:`~BatchEmulator.hold` / :meth:`~BatchEmulator.release` (no capacity),
   :meth:`~BatchEmulator.preempt` / :meth:`~BatchEmulator.preempt_after` (spot reclaim: FAILED with
-  "Host EC2 (instance i-...) terminated."), :meth:`~BatchEmulator.throttle` (HTTP 429
-  ``TooManyRequestsException``, as Batch throttles), :meth:`~BatchEmulator.forget` (a job Batch no
+  "Host EC2 (instance i-...) terminated."), :meth:`~BatchEmulator.throttle` and
+  :meth:`~BatchEmulator.throttle_bursts` (HTTP 429 ``TooManyRequestsException``, as Batch throttles; any
+  action, or ``"*"``), :meth:`~BatchEmulator.lose_response` (the request is carried out, then answered
+  with HTTP 500 or a closed connection), :meth:`~BatchEmulator.forget` (a job Batch no
   longer returns), :meth:`~BatchEmulator.report_status` (DescribeJobs answers a state of your choice),
   :meth:`~BatchEmulator.set_status_reason` and ``hold(queue, reason=...)`` (the ``statusReason`` of a
   RUNNABLE job: ``CAPACITY:...``, ``MISCONFIGURATION:...``).
@@ -55,7 +57,6 @@ import argparse
 import atexit
 import contextlib
 import dataclasses
-import io
 import json
 import logging
 import os
@@ -78,9 +79,17 @@ import botocore.session
 from moto.batch import models as batch_models
 from moto.batch.exceptions import ClientException
 from moto.moto_api import state_manager
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-from moto.server import ThreadedMotoServer
-from werkzeug.serving import make_server
+
+from emulators.core import (
+    SERVER_ERROR,
+    THROTTLED,
+    Faults,
+    Middleware,
+    Patches,
+    RecordingMotoServer,
+    RequestLog,
+    current_body,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +111,6 @@ _POLL = 0.05
 _BATCH_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
 #: moto must never advance a job's state by itself (on reads): the emulator's job thread sets every state.
 _NO_AUTOMATIC_PROGRESS = {"progression": "manual", "times": 10**9}
-
-# The request being served, per server thread: the middleware stores the parsed body here so that the
-# patched backend methods (called on the same thread) see fields moto's request parser drops.
-_request = threading.local()
 
 _active_lock = threading.Lock()
 _active: BatchEmulator | None = None
@@ -180,124 +185,16 @@ class _JobRun:
         return self.nodes[self.main_index]
 
 
-class _Patches:
-    """Attribute replacements on moto's classes, undone in reverse order."""
-
-    def __init__(self) -> None:
-        self._undo: list[Callable[[], None]] = []
-
-    def wrap(self, owner: type, name: str, make: Callable[[Any], Any]) -> None:
-        """Replace ``owner.name`` with ``make(original)``."""
-        original = getattr(owner, name)
-        if name in owner.__dict__:
-            saved = owner.__dict__[name]
-            self._undo.append(lambda: setattr(owner, name, saved))
-        else:  # inherited (threading.Thread.start): remove ours to uncover it again
-            self._undo.append(lambda: delattr(owner, name))
-        setattr(owner, name, make(original))
-
-    def undo(self) -> None:
-        while self._undo:
-            self._undo.pop()()
-
-
-class _QuietRequestHandler(MotoRequestHandler):
-    """moto's request handler without werkzeug's one line per request on stderr."""
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        pass
-
-
-class _RecordingMotoServer(ThreadedMotoServer):
-    """moto's threaded server with the emulator's middleware in front of moto's WSGI app."""
-
-    def __init__(self, emulator: BatchEmulator, port: int) -> None:
-        super().__init__(ip_address="127.0.0.1", port=port, verbose=False)
-        self._emulator = emulator
-
-    def _server_entry(self) -> None:  # same as moto's, plus the middleware and a quiet handler
-        app = _Middleware(self._emulator, DomainDispatcherApplication(create_backend_app))
-        self._server = make_server(self._ip_address, self._port, app, True, request_handler=_QuietRequestHandler)
-        self._server_ready_event.set()
-        self._server.serve_forever()
-
-    def stop(self) -> None:
-        super().stop()
-        if self._server is not None:
-            self._server.server_close()
-
-
-class _Middleware:
-    """Records Batch/Logs requests, answers throttled ones with 429, and passes the parsed body on."""
-
-    def __init__(self, emulator: BatchEmulator, app: Any) -> None:
-        self._emulator = emulator
-        self._app = app
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        action = self._emulator._action_of(environ)
-        if action is None:
-            return self._app(environ, start_response)
-        raw = _read_body(environ)
-        try:
-            body = json.loads(raw) if raw else {}
-        except ValueError:
-            body = {"_raw": raw.decode("utf-8", "replace")}
-        entry = self._emulator._record(action, body)
-        if entry["throttled"]:
-            entry["status"] = 429 if not action.startswith("logs:") else 400
-            return _throttled_response(action, start_response)
-
-        def recording_start_response(status: str, headers: Any, *args: Any) -> Any:
-            entry["status"] = int(status.split()[0])
-            return start_response(status, headers, *args)
-
-        _request.action, _request.body = action, body
-        try:
-            return self._app(environ, recording_start_response)
-        finally:
-            _request.action = _request.body = None
-
-
-def _read_body(environ: dict[str, Any]) -> bytes:
-    stream = environ["wsgi.input"]
-    length = environ.get("CONTENT_LENGTH")
-    if length:
-        raw = stream.read(int(length))
-    elif environ.get("wsgi.input_terminated"):
-        raw = stream.read()
-    else:
-        raw = b""
-    environ["wsgi.input"] = io.BytesIO(raw)
-    environ["CONTENT_LENGTH"] = str(len(raw))
-    return raw
-
-
-def _throttled_response(action: str, start_response: Callable[..., Any]) -> list[bytes]:
-    # Batch (restJson) throttles with HTTP 429 TooManyRequestsException; CloudWatch Logs (awsJson) with
-    # HTTP 400 ThrottlingException. botocore takes the code from x-amzn-ErrorType, else from __type.
-    if action.startswith("logs:"):
-        status, code, message = "400 Bad Request", "ThrottlingException", "Rate exceeded"
-    else:
-        status, code, message = "429 Too Many Requests", "TooManyRequestsException", "Too Many Requests."
-    payload = json.dumps({"__type": code, "message": message}).encode()
-    start_response(
-        status,
-        [
-            ("Content-Type", "application/json"),
-            ("Content-Length", str(len(payload))),
-            ("x-amzn-ErrorType", code),
-            ("x-amzn-RequestId", str(uuid.uuid4())),
-        ],
-    )
-    return [payload]
-
-
-def _current_body(action: str) -> dict[str, Any] | None:
-    """The parsed body of the request this server thread is serving, if it is ``action``."""
-    if getattr(_request, "action", None) == action:
-        return _request.body  # type: ignore[no-any-return]
-    return None
+def _error_style(action: str, kind: str) -> tuple[int, str, str]:
+    """How Batch (restJson) and CloudWatch Logs (awsJson) word a throttled request and a server error."""
+    logs = action.startswith("logs:")
+    if kind == THROTTLED:
+        if logs:
+            return 400, "ThrottlingException", "Rate exceeded"
+        return 429, "TooManyRequestsException", "Too Many Requests."
+    if kind == SERVER_ERROR:
+        return 500, "ServiceUnavailableException" if logs else "ServerException", "Internal error"
+    raise ValueError(f"unknown error kind {kind!r}")
 
 
 def _queue_name(queue: str) -> str:
@@ -377,15 +274,15 @@ class BatchEmulator:
         self.region = region
         self.job_aws_env = job_aws_env
         self.endpoint_url = ""
-        self._server: _RecordingMotoServer | None = None
-        self._patches = _Patches()
+        self._server: RecordingMotoServer | None = None
+        self._patches = Patches()
         self._runs: dict[str, _JobRun] = {}
         self._held: set[str] = set()
         self._held_reasons: dict[str, str] = {}  # queue -> statusReason of its RUNNABLE jobs
         self._preempt_rules: list[_PreemptRule] = []
-        self._throttles: dict[str, list[int]] = {}  # action -> [every, requests seen since throttle()]
+        self._faults = Faults()
         self._reported_status: dict[str, str] = {}  # job id -> the status DescribeJobs answers instead
-        self._requests: list[dict[str, Any]] = []
+        self._log = RequestLog()
         self._lock = threading.RLock()
         self._logs_lock = threading.Lock()
         self._images_seen: set[str] = set()
@@ -415,7 +312,12 @@ class BatchEmulator:
         try:
             self._routes = _batch_routes()
             self._install_patches()
-            self._server = _RecordingMotoServer(self, self.port)
+            self._server = RecordingMotoServer(
+                self.port,
+                lambda app: Middleware(
+                    app, action_of=self._action_of, error_style=_error_style, faults=self._faults, log=self._log
+                ),
+            )
             self._server.start()
             host, port = self._server.get_host_and_port()
             self.endpoint_url = f"http://{host}:{port}"
@@ -614,14 +516,24 @@ class BatchEmulator:
             self._preempt_rules.append(_PreemptRule(seconds, _queue_name(queue), count, name_contains))
 
     def throttle(self, action: str, every: int) -> None:
-        """Answer every ``every``-th request of ``action`` (e.g. ``DescribeJobs``, counted from now) as
-        Batch does when throttling: HTTP 429 ``TooManyRequestsException`` (``logs:*`` actions: HTTP 400
-        ``ThrottlingException``). ``every=0`` turns it off."""
-        with self._lock:
-            if every <= 0:
-                self._throttles.pop(action, None)
-            else:
-                self._throttles[action] = [every, 0]
+        """Answer every ``every``-th request of ``action`` (e.g. ``DescribeJobs``, counted from now; ``"*"``:
+        of every Batch and CloudWatch Logs action, each counted on its own) as Batch does when throttling:
+        HTTP 429 ``TooManyRequestsException`` (``logs:*`` actions: HTTP 400 ``ThrottlingException``).
+        ``every=0`` turns it off."""
+        self._faults.throttle(action, every)
+
+    def throttle_bursts(self, action: str, burst: int) -> None:
+        """Throttle ``burst`` requests of ``action`` in a row (``"*"``: of every action, each counted on its
+        own), then let one through, and so on. With ``burst`` of 4 or more, botocore's own retries give up
+        (``retries={"max_attempts": 3}`` is 3 retries, 4 attempts): only a client's own backoff gets a call
+        through. 0 turns it off."""
+        self._faults.throttle_bursts(action, burst)
+
+    def lose_response(self, action: str, count: int = 1, *, how: str = "error") -> None:
+        """Carry out the next ``count`` requests of ``action`` (a SubmitJob creates its job), then lose the
+        response: ``how="error"`` answers HTTP 500 ``ServerException``, ``how="disconnect"`` closes the
+        connection without an answer. A client that simply sends the request again does it twice."""
+        self._faults.lose_response(action, count, how=how)
 
     def forget(self, job_id: str) -> None:
         """Forget a job, as Batch does some time after it ended (or as if it was deleted): DescribeJobs
@@ -654,32 +566,30 @@ class BatchEmulator:
                 self._reported_status[job_id] = status
 
     def reset_faults(self) -> None:
-        """Release every held queue, drop pending :meth:`preempt_after` rules, turn throttling off and
-        stop overriding reported statuses."""
+        """Release every held queue, drop pending :meth:`preempt_after` rules, turn throttling and lost
+        responses off, and stop overriding reported statuses."""
         with self._lock:
             self._held.clear()
             self._held_reasons.clear()
             self._preempt_rules.clear()
-            self._throttles.clear()
             self._reported_status.clear()
+        self._faults.reset()
 
     # ------------------------------------------------------------------ inspection
 
     def requests(self, action: str | None = None) -> list[dict[str, Any]]:
         """Batch and CloudWatch Logs requests received, oldest first: ``{"action", "body", "throttled",
-        "time", "status"}``; ``action`` is the API name (``SubmitJob``; ``logs:GetLogEvents``)."""
-        with self._lock:
-            return [dict(r) for r in self._requests if action is None or r["action"] == action]
+        "lost", "time", "status"}``; ``action`` is the API name (``SubmitJob``; ``logs:GetLogEvents``);
+        ``lost`` says how the response was lost (:meth:`lose_response`), ``None`` when it was not."""
+        return self._log.requests(action)
 
     def count(self, action: str) -> int:
         """How many ``action`` requests were received (throttled ones included)."""
-        with self._lock:
-            return sum(1 for r in self._requests if r["action"] == action)
+        return self._log.count(action)
 
     def reset_requests(self) -> None:
         """Forget the requests received so far."""
-        with self._lock:
-            self._requests.clear()
+        self._log.reset()
 
     def job_pids(self, job_id: str) -> list[int]:
         """Pids of the job's live processes (every process in its nodes' process groups)."""
@@ -723,19 +633,6 @@ class BatchEmulator:
             if route_method == method and pattern.fullmatch(path):
                 return name
         return f"batch:{method} {path}"
-
-    def _record(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            throttled = False
-            rule = self._throttles.get(action)
-            if rule is not None:
-                rule[1] += 1
-                throttled = rule[1] % rule[0] == 0
-            entry = {"action": action, "body": body, "throttled": throttled, "time": time.time(), "status": None}
-            self._requests.append(entry)
-        if throttled:
-            logger.info("throttled a %s request", action)
-        return entry
 
     # ------------------------------------------------------------------ moto patches
 
@@ -808,7 +705,7 @@ class BatchEmulator:
                 *args: Any,
                 **kwargs: Any,
             ) -> Any:
-                body = _current_body("SubmitJob")
+                body = current_body("SubmitJob")
                 queue = backend.get_job_queue(job_queue)
                 if body is not None and queue is not None:
                     emulator._check_scheduling(backend, queue, job_def_id, body)
@@ -819,7 +716,7 @@ class BatchEmulator:
         def register_job_definition(original: Callable[..., Any]) -> Callable[..., Any]:
             def patched(backend: batch_models.BatchBackend, *args: Any, **kwargs: Any) -> Any:
                 job_def = original(backend, *args, **kwargs)
-                body = _current_body("RegisterJobDefinition") or {}
+                body = current_body("RegisterJobDefinition") or {}
                 job_def.emulator_scheduling_priority = body.get("schedulingPriority")
                 return job_def
 
@@ -912,7 +809,7 @@ class BatchEmulator:
         job_status: str | None,
         filters: list[dict[str, Any]] | None,
     ) -> list[Any]:
-        body = _current_body("ListJobs") or {}
+        body = current_body("ListJobs") or {}
         if filters and len(filters) > 1:
             raise ClientException("Only one filter can be used at a time.")
         if body.get("multiNodeJobId"):
@@ -967,7 +864,7 @@ class BatchEmulator:
 
     def _register(self, job: batch_models.Job) -> None:
         """Called on the server thread that serves SubmitJob, before the job's thread starts."""
-        run = _JobRun(job, dict(_current_body("SubmitJob") or {}))
+        run = _JobRun(job, dict(current_body("SubmitJob") or {}))
         with self._lock:
             for rule in self._preempt_rules:
                 if (

@@ -18,6 +18,7 @@ import pytest
 from gpu_provider import names
 from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, JobStatus, TaskKey
 from gpu_provider.backends.batch import CANCEL_PREFIX, BatchBackend
+from gpu_provider.backends.batch import calls as batch_calls
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobStatusError
 from gpu_provider.job import GpuResources
 from tests.batch_world import BatchWorld
@@ -140,9 +141,15 @@ def test_fair_share_fields_only_on_a_fair_share_queue(batch: BatchWorld) -> None
 def test_multi_node_request_and_the_normalised_environment_on_each_node(batch: BatchWorld, tmp_path: Path) -> None:
     backend = BatchBackend(**batch.queues, master_port=29611)
     code = (
-        "import os, pathlib; "
-        f"pathlib.Path({str(tmp_path)!r}, os.environ['NODE_RANK']).write_text("
-        "' '.join(os.environ[k] for k in ('NNODES', 'NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')))"
+        "import os, pathlib, time\n"
+        f"here = pathlib.Path({str(tmp_path)!r})\n"
+        "here.joinpath(os.environ['NODE_RANK']).write_text("
+        "' '.join(os.environ[k] for k in ('NNODES', 'NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT')))\n"
+        # the main node's exit ends the job and stops the other node (as on Batch): on a loaded
+        # machine node 1 may start late, so the main node waits until it has written
+        "deadline = time.monotonic() + 60\n"
+        "while os.environ['NODE_RANK'] == '0' and not here.joinpath('1').exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
     )
     handle = backend.submit(_request(_py(code), task="mnp", nodes=2))
     status = _wait_state(backend, handle, JobState.SUCCEEDED, JobState.FAILED)
@@ -353,11 +360,11 @@ handle = JobHandle.from_dict(json.loads(sys.argv[1]))
 backend = BatchBackend(**json.loads(sys.argv[2]))
 real_build, slow = backend._clients.build, [True]
 
-def build(service):  # the first build is slow, as a connection lookup or a credential fetch can be
+def build(service, **options):  # the first build is slow, as a connection lookup or a credential fetch can be
     if slow.pop() if slow else False:
         print("building", flush=True)
         time.sleep(60)
-    return real_build(service)
+    return real_build(service, **options)
 
 backend._clients.build = build
 
@@ -409,11 +416,11 @@ def test_cancel_does_not_wait_for_a_client_another_thread_is_building(batch: Bat
     handle = BatchBackend(**batch.queues).submit(_request(_py("pass"), task="kill-thread", capacity="spot"))
     real_build, inside, release = backend._clients.build, threading.Event(), threading.Event()
 
-    def build(service: str) -> Any:
+    def build(service: str, **options: Any) -> Any:
         if not inside.is_set():
             inside.set()
             release.wait(30)  # a build that hangs (slow credentials, an unreachable endpoint)
-        return real_build(service)
+        return real_build(service, **options)
 
     backend._clients.build = build  # type: ignore[method-assign]
     builder = threading.Thread(target=backend.poll, args=([handle],))
@@ -427,3 +434,72 @@ def test_cancel_does_not_wait_for_a_client_another_thread_is_building(batch: Bat
     finally:
         release.set()
         builder.join(30)
+
+
+def _without_botocore_retries(batch: BatchWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection turns botocore's own retries off (its config_kwargs win), and the backend's backoff
+    is shortened: every throttled call then reaches the backend's backoff at once, and quickly."""
+    extra = {
+        "endpoint_url": batch.emulator.endpoint_url,
+        "region_name": batch.emulator.region,
+        "config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": 1}},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": extra}))
+    monkeypatch.setattr(batch_calls, "BASE_DELAY_S", 0.01, raising=False)
+
+
+def test_throttling_outside_the_wait_loop_is_retried_with_backoff(
+    batch: BatchWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _without_botocore_retries(batch, monkeypatch)
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    batch.emulator.throttle_bursts("*", 4)  # 4 throttled in a row, more than botocore's retries would absorb
+    try:
+        handle = backend.submit(_request(_py("pass"), task="throttled-all", capacity="spot"))
+        found = BatchBackend(**batch.queues).find_existing(TaskKey("batch_tests", "throttled-all", "manual__run", -1))
+        status = backend.poll([handle])[handle.job_id]
+        backend.cancel(handle, "Airflow task was killed")
+    finally:
+        batch.emulator.throttle_bursts("*", 0)
+    assert [h.job_id for h in found] == [handle.job_id]
+    assert isinstance(status, JobStatus) and status.state is JobState.QUEUED
+    throttled = {r["action"] for r in batch.emulator.requests() if r["throttled"]}
+    expected = {"ListJobs", "DescribeJobQueues", "DescribeJobDefinitions", "RegisterJobDefinition", "SubmitJob"}
+    assert expected | {"DescribeJobs", "TerminateJob"} <= throttled
+    assert len(batch.bodies("SubmitJob")) == 1  # one job: every throttled submit was looked up before it was re-sent
+    assert [b["jobId"] for b in batch.bodies("TerminateJob")] == [handle.job_id]
+    # throttling that does not stop is reported as such, within a bound
+    batch.emulator.throttle("DescribeJobs", 1)
+    with pytest.raises(GpuBackendThrottledError, match="throttled DescribeJobs"):
+        backend.poll([handle])
+
+
+@pytest.mark.parametrize("how", ["error", "disconnect"])
+def test_a_lost_submit_answer_makes_exactly_one_job(batch: BatchWorld, how: str) -> None:
+    backend = BatchBackend(**batch.queues)
+    batch.emulator.hold(batch.setup.spot_queue)
+    batch.emulator.lose_response("SubmitJob", how=how)  # the job is created, its answer lost (HTTP 500 / no answer)
+    handle = backend.submit(_request(_py("pass"), task=f"lost-{how}", capacity="spot"))
+    client = batch.emulator.client("batch")
+    listed = client.list_jobs(jobQueue=batch.setup.spot_queue, filters=[{"name": "JOB_NAME", "values": [handle.name]}])
+    assert [s["jobId"] for s in listed["jobSummaryList"]] == [handle.job_id]
+    assert [r["lost"] for r in batch.emulator.requests("SubmitJob")] == [how]  # looked up, not sent again
+    assert handle.extra["queue"] == batch.setup.spot_queue and handle.attempt == 1
+
+
+def test_submit_adopts_the_job_of_its_attempt_instead_of_creating_another(batch: BatchWorld) -> None:
+    batch.emulator.hold(batch.setup.spot_queue)
+    request = _request(_py("pass"), task="adopt", capacity="spot")
+    first = BatchBackend(**batch.queues).submit(request)
+    again = BatchBackend(**batch.queues).submit(request)  # e.g. a worker that crashed before saving the handle
+    assert (again.job_id, again.name, again.attempt, again.capacity) == (
+        first.job_id,
+        first.name,
+        first.attempt,
+        first.capacity,
+    )
+    assert again.extra["job_arn"] == first.extra["job_arn"] and first.extra["job_arn"].endswith(first.job_id)
+    assert len(batch.bodies("SubmitJob")) == 1
+    # the next attempt has another name: a new job
+    assert BatchBackend(**batch.queues).submit(_request(_py("pass"), task="adopt", attempt=2)).job_id != first.job_id

@@ -15,7 +15,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError
 
 from emulators.aws_batch import BatchEmulator, BatchSetup
 from tests.harness import pid_alive, wait_for
@@ -521,3 +521,91 @@ def test_list_jobs_job_name_filter_ignores_status_like_batch(batch: Any, setup: 
     assert {s["status"] for s in batch.list_jobs(jobQueue=queue)["jobSummaryList"]} <= {"RUNNING"}
     succeeded = {s["jobId"] for s in batch.list_jobs(jobQueue=queue, jobStatus="SUCCEEDED")["jobSummaryList"]}
     assert {first, second, other} <= succeeded
+
+
+# --------------------------------------------------------------------------- faults added for the backend contract
+
+
+def test_throttle_bursts_on_every_action_outlast_botocores_own_retries(
+    emulator: BatchEmulator, batch: Any, logs: Any, setup: BatchSetup
+) -> None:
+    emulator.reset_requests()
+    emulator.throttle_bursts("*", 4)
+    try:
+        outcomes = []
+        for _ in range(5):
+            try:
+                batch.list_jobs(jobQueue=setup.spot_queue)
+                outcomes.append("ok")
+            except ClientError as err:
+                outcomes.append(err.response["Error"]["Code"])
+        with pytest.raises(ClientError) as raised:  # each action counted on its own: the first is throttled
+            logs.describe_log_groups()
+        assert raised.value.response["Error"]["Code"] == "ThrottlingException"
+        # what a client with botocore's standard retries (3 retries: 4 attempts) sees: every call fails
+        retrying = emulator.client("batch", config=Config(retries={"mode": "standard", "max_attempts": 3}))
+        with pytest.raises(ClientError, match="TooManyRequestsException"):
+            retrying.describe_job_queues()
+    finally:
+        emulator.throttle_bursts("*", 0)
+    assert outcomes == ["TooManyRequestsException"] * 4 + ["ok"]
+    assert [r["throttled"] for r in emulator.requests("ListJobs")] == [True, True, True, True, False]
+    batch.list_jobs(jobQueue=setup.spot_queue)  # off again
+
+
+@pytest.mark.parametrize("how", ["error", "disconnect"])
+def test_lose_response_carries_the_submit_out_and_loses_the_answer(
+    emulator: BatchEmulator, batch: Any, setup: BatchSetup, how: str
+) -> None:
+    definition = job_definition(batch, "quick", "print('done')")
+    emulator.hold(setup.spot_queue)
+    emulator.reset_requests()
+    emulator.lose_response("SubmitJob", how=how)
+    name = f"lost-{how}"
+    try:
+        with pytest.raises((ClientError, BotoCoreError)) as raised:
+            batch.submit_job(jobName=name, jobQueue=setup.spot_queue, jobDefinition=definition)
+        if how == "error":
+            assert isinstance(raised.value, ClientError)
+            assert raised.value.response["Error"]["Code"] == "ServerException"
+            assert raised.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+        else:
+            assert isinstance(raised.value, ConnectionClosedError)
+        # the job exists although the client never heard of it; the next submit is answered again
+        found = batch.list_jobs(jobQueue=setup.spot_queue, filters=[{"name": "JOB_NAME", "values": [name]}])
+        assert len(found["jobSummaryList"]) == 1
+        batch.submit_job(jobName=name + "-2", jobQueue=setup.spot_queue, jobDefinition=definition)
+        (lost, answered) = emulator.requests("SubmitJob")
+        assert (lost["lost"], lost["status"], answered["lost"]) == (how, 200, None)
+    finally:
+        emulator.release(setup.spot_queue)
+
+
+def test_forget_report_status_and_status_reasons(emulator: BatchEmulator, batch: Any, setup: BatchSetup) -> None:
+    definition = job_definition(batch, "quick", "print('done')")
+    emulator.hold(setup.spot_queue, reason="CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - no spot")
+    try:
+        first = batch.submit_job(jobName="reasons-1", jobQueue=setup.spot_queue, jobDefinition=definition)["jobId"]
+        second = batch.submit_job(jobName="reasons-2", jobQueue=setup.spot_queue, jobDefinition=definition)["jobId"]
+        job = wait_for_status(batch, first, "RUNNABLE")
+        assert job["statusReason"] == "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - no spot"
+        emulator.set_status_reason(second, "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - too big")
+        assert wait_for_status(batch, second, "RUNNABLE")["statusReason"].startswith("MISCONFIGURATION:")
+        listed = batch.list_jobs(jobQueue=setup.spot_queue, jobStatus="RUNNABLE")["jobSummaryList"]
+        assert {s["jobId"]: s.get("statusReason") for s in listed if s["jobId"] in (first, second)} == {
+            first: "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - no spot",
+            second: "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - too big",
+        }
+        emulator.report_status(first, "SCHEDULED")
+        assert describe(batch, first)["status"] == "SCHEDULED"
+        emulator.report_status(first, None)
+        assert describe(batch, first)["status"] == "RUNNABLE"
+        emulator.forget(second)
+        assert batch.describe_jobs(jobs=[first, second])["jobs"][0]["jobId"] == first
+        assert len(batch.describe_jobs(jobs=[first, second])["jobs"]) == 1
+        listed = batch.list_jobs(jobQueue=setup.spot_queue, filters=[{"name": "JOB_NAME", "values": ["reasons-*"]}])
+        assert [s["jobId"] for s in listed["jobSummaryList"]] == [first]
+    finally:
+        emulator.release(setup.spot_queue)
+    job, _ = wait_until_done(batch, first)
+    assert job["status"] == "SUCCEEDED" and job["statusReason"] == "Essential container in task exited"

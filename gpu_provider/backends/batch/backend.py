@@ -32,6 +32,7 @@ from gpu_provider.backends.base import (
     Backend,
     Capabilities,
     JobHandle,
+    JobIdentity,
     JobRequest,
     JobState,
     JobStatus,
@@ -41,7 +42,16 @@ from gpu_provider.backends.base import (
     map_state,
     provider_config,
 )
-from gpu_provider.backends.batch.calls import Clients, call, run_bounded
+from gpu_provider.backends.batch.calls import (
+    PATIENT_ATTEMPTS,
+    POLL_ATTEMPTS,
+    Clients,
+    backoff,
+    call,
+    is_throttling,
+    may_have_happened,
+    run_bounded,
+)
 from gpu_provider.backends.batch.mapping import (
     CANCEL_PREFIX,
     STATE_TABLE,
@@ -57,7 +67,7 @@ from gpu_provider.backends.batch.mapping import (
     unrunnable,
     unrunnable_reason,
 )
-from gpu_provider.exceptions import GpuJobError, GpuJobStatusError
+from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 
 if TYPE_CHECKING:
@@ -90,6 +100,15 @@ MULTI_NODE_ENTRY = (
 
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
 _SHARE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _owned_by(job: Mapping[str, Any], task: TaskKey) -> bool:
+    """Whether a job found by name belongs to the task (names shorten the ids; the tags hold them whole)."""
+    tags = job.get("tags") or {}
+    return bool(
+        tags.get(names.TAG_DAG_ID, task.dag_id[:256]) == task.dag_id[:256]
+        and tags.get(names.TAG_TASK_ID, task.task_id[:256]) == task.task_id[:256]
+    )
 
 
 def _text_option(option: str, value: Any, *, config_key: str | None = None, default: str | None = None) -> str | None:
@@ -413,35 +432,149 @@ class BatchBackend(Backend):
         return _SHARE_UNSAFE.sub("_", team) if team else self.share_identifier
 
     def submit(self, request: JobRequest) -> JobHandle:
+        """Create the attempt's job, or adopt the job of that name if it exists already.
+
+        Batch accepts two jobs with one name and SubmitJob has no client token, so the name is looked
+        up first (ListJobs ``JOB_NAME`` on the attempt's queue, tags checked), and again before a
+        SubmitJob whose answer was lost is sent a second time.
+        """
         self.validate_image(request.image)
+        identity = request.identity
+        queue = self._queue(request.capacity)
+        self._is_fair_share(queue)  # a queue that does not exist or is disabled: a clear error first
+        existing = self._find_attempt(identity, queue)
+        if existing is not None:
+            log.info(
+                "AWS Batch job %s (id %s) exists already for this attempt: adopting it instead of submitting again.",
+                existing.name,
+                existing.job_id,
+            )
+            return existing
         definition = self.job_definition(request)
         arn = self._definition_arn(definition)
         body = self.submit_body(request, arn, priority=request.priority)
-        client = self._client("batch")
-        submitted = client.submit_job(**body)
+        job_id, job_arn = self._send_submit(identity, body)
         return JobHandle(
             backend=self.name,
-            job_id=str(submitted["jobId"]),
-            name=request.identity.name,
-            attempt=request.identity.attempt,
+            job_id=job_id,
+            name=identity.name,
+            attempt=identity.attempt,
             capacity=request.capacity,
             submitted_at=time.time(),
             extra={
-                "queue": body["jobQueue"],
+                "queue": queue,
                 "region": self.region,
                 "job_definition": definition["jobDefinitionName"],
+                "job_arn": job_arn,
                 "gpus": request.resources.total_gpus,
                 "nodes": request.resources.nodes,
             },
         )
 
-    def _describe(self, job_ids: Sequence[str]) -> list[dict[str, Any]]:
+    def _send_submit(self, identity: JobIdentity, body: dict[str, Any]) -> tuple[str, str]:
+        """SubmitJob once per try (no automatic retries); after an error that may have created the job,
+        back off and look the name up before sending it again. Returns the job's id and ARN."""
+        client = self._clients.get("batch", automatic_retries=False)
+        queue = str(body["jobQueue"])
+        for attempt in range(1, PATIENT_ATTEMPTS + 1):
+            try:
+                answer = client.submit_job(**body)
+                return str(answer["jobId"]), str(answer.get("jobArn") or "")
+            except Exception as err:
+                if not may_have_happened(err):
+                    raise  # a definite refusal (bad request, unknown queue...): no job was created
+                if attempt == PATIENT_ATTEMPTS:
+                    if is_throttling(err):
+                        raise GpuBackendThrottledError(
+                            f"AWS Batch throttled SubmitJob for {identity.name} {attempt} times in a row; "
+                            "no job of that name exists (looked up after each try)"
+                        ) from err
+                    raise GpuJobError(
+                        f"AWS Batch SubmitJob for {identity.name} on job queue {queue!r} failed {attempt} times "
+                        f"({type(err).__name__}: {err}); no job of that name exists (looked up after each try)"
+                    ) from err
+                time.sleep(backoff(attempt))
+                found = self._find_attempt(identity, queue)
+                if found is not None:
+                    log.warning(
+                        "SubmitJob for %s failed (%s: %s) but the job was created (id %s): adopting it instead of "
+                        "submitting it again.",
+                        identity.name,
+                        type(err).__name__,
+                        err,
+                        found.job_id,
+                    )
+                    return found.job_id, str(found.extra.get("job_arn") or "")
+                log.info(
+                    "SubmitJob for %s failed (%s: %s) and created no job; sending it again.",
+                    identity.name,
+                    type(err).__name__,
+                    err,
+                )
+        raise AssertionError("unreachable")
+
+    def _find_attempt(self, identity: JobIdentity, queue: str) -> JobHandle | None:
+        """The job of this attempt on ``queue``, if one exists: the newest active one, else the newest."""
+        task = identity.task
+        summaries = {str(s["jobId"]): s for s in self._list_by_name(queue, identity.name)}
+        if not summaries:
+            return None
+        jobs = [j for j in self._describe(list(summaries), attempts=PATIENT_ATTEMPTS) if _owned_by(j, task)]
+        if not jobs:
+            return None
+        jobs.sort(key=lambda j: (str(j.get("status")) not in ("SUCCEEDED", "FAILED"), int(j.get("createdAt") or 0)))
+        job = jobs[-1]
+        return self._handle_of(job, queue, summaries[str(job["jobId"])])
+
+    def _list_by_name(self, queue: str, pattern: str) -> list[dict[str, Any]]:
+        """ListJobs on ``queue`` with a ``JOB_NAME`` filter (every state; a trailing ``*`` matches a prefix)."""
+        client = self._client("batch")
+        summaries: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"jobQueue": queue, "filters": [{"name": "JOB_NAME", "values": [pattern]}]}
+            if token:
+                kwargs["nextToken"] = token
+            page = call("ListJobs", lambda kwargs=kwargs: client.list_jobs(**kwargs))  # type: ignore[misc]
+            summaries.extend(page.get("jobSummaryList") or [])
+            token = page.get("nextToken")
+            if not token:
+                return summaries
+
+    def _handle_of(self, job: Mapping[str, Any], queue: str, summary: Mapping[str, Any]) -> JobHandle:
+        """The handle of a job found by name (its attempt number is in the name)."""
+        name = str(summary.get("jobName") or job.get("jobName") or "")
+        match = _JOB_NAME.search(name)
+        tags = job.get("tags") or {}
+        capacity = tags.get(names.TAG_CAPACITY) or (names.SPOT if queue == self.spot_queue else names.ON_DEMAND)
+        return JobHandle(
+            backend=self.name,
+            job_id=str(job["jobId"]),
+            name=name,
+            attempt=int(match.group(2)) if match else int(tag_number(tags, names.TAG_ATTEMPT) or 1),
+            capacity=str(capacity),
+            submitted_at=seconds_from_ms(summary.get("createdAt") or job.get("createdAt")) or time.time(),
+            extra={
+                "queue": queue,
+                "region": self.region,
+                "job_definition": definition_name(job),
+                "job_arn": str(job.get("jobArn") or summary.get("jobArn") or ""),
+                "gpus": tag_number(tags, names.TAG_GPUS) or job_gpus(job),
+                "nodes": job_nodes(job),
+            },
+        )
+
+    def _describe(self, job_ids: Sequence[str], *, attempts: int = POLL_ATTEMPTS) -> list[dict[str, Any]]:
         client = self._client("batch")
         jobs: list[dict[str, Any]] = []
         unique = list(dict.fromkeys(job_ids))
         for start in range(0, len(unique), DESCRIBE_BATCH):
             chunk = unique[start : start + DESCRIBE_BATCH]
-            found = call("DescribeJobs", lambda chunk=chunk: client.describe_jobs(jobs=chunk))  # type: ignore[misc]
+            found = call(
+                "DescribeJobs",
+                lambda chunk=chunk: client.describe_jobs(jobs=chunk),  # type: ignore[misc]
+                attempts=attempts,
+            )
             jobs.extend(found.get("jobs") or [])
         return jobs
 
@@ -532,59 +665,21 @@ class BatchBackend(Backend):
 
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt of the task instance in either queue, found by job name (ListJobs JOB_NAME filter)."""
-        prefix = f"{task.prefix}-t"
-        client = self._client("batch")
-        summaries: dict[str, tuple[str, dict[str, Any]]] = {}
+        found: dict[str, tuple[str, dict[str, Any]]] = {}
         for queue in dict.fromkeys(q for q in (self.spot_queue, self.on_demand_queue) if q):
-            token: str | None = None
-            while True:
-                kwargs: dict[str, Any] = {
-                    "jobQueue": queue,
-                    "filters": [{"name": "JOB_NAME", "values": [prefix + "*"]}],
-                }
-                if token:
-                    kwargs["nextToken"] = token
-                page = call("ListJobs", lambda kwargs=kwargs: client.list_jobs(**kwargs))  # type: ignore[misc]
-                for summary in page.get("jobSummaryList") or []:
-                    name = str(summary.get("jobName") or "")
-                    match = _JOB_NAME.search(name)
-                    if match and name[: match.start()] == task.prefix:  # not another map index's jobs
-                        summaries[str(summary["jobId"])] = (queue, summary)
-                token = page.get("nextToken")
-                if not token:
-                    break
-        if not summaries:
+            for summary in self._list_by_name(queue, f"{task.prefix}-t*"):
+                name = str(summary.get("jobName") or "")
+                match = _JOB_NAME.search(name)
+                if match and name[: match.start()] == task.prefix:  # not another map index's jobs
+                    found[str(summary["jobId"])] = (queue, summary)
+        if not found:
             return []
-        details = {str(j["jobId"]): j for j in self._describe(list(summaries))}
-        handles = []
-        for job_id, (queue, summary) in summaries.items():
-            match = _JOB_NAME.search(str(summary["jobName"]))
-            assert match is not None
-            job = details.get(job_id, {})
-            tags = job.get("tags") or {}
-            if (
-                tags.get(names.TAG_DAG_ID, task.dag_id[:256]) != task.dag_id[:256]
-                or tags.get(names.TAG_TASK_ID, task.task_id[:256]) != task.task_id[:256]
-            ):
-                continue  # a name collision with another task (the tags are the full ids)
-            capacity = tags.get(names.TAG_CAPACITY) or (names.SPOT if queue == self.spot_queue else names.ON_DEMAND)
-            handles.append(
-                JobHandle(
-                    backend=self.name,
-                    job_id=job_id,
-                    name=str(summary["jobName"]),
-                    attempt=int(match.group(2)),
-                    capacity=str(capacity),
-                    submitted_at=seconds_from_ms(summary.get("createdAt")) or time.time(),
-                    extra={
-                        "queue": queue,
-                        "region": self.region,
-                        "job_definition": definition_name(job),
-                        "gpus": tag_number(tags, names.TAG_GPUS) or job_gpus(job),
-                        "nodes": job_nodes(job),
-                    },
-                )
-            )
+        details = {str(j["jobId"]): j for j in self._describe(list(found), attempts=PATIENT_ATTEMPTS)}
+        handles = [
+            self._handle_of(details[job_id], queue, summary)
+            for job_id, (queue, summary) in found.items()
+            if job_id in details and _owned_by(details[job_id], task)
+        ]
         return sorted(handles, key=lambda h: (h.attempt, h.submitted_at))
 
     # --- logs and links --------------------------------------------------------------------------

@@ -2,6 +2,13 @@
 
 boto3 is imported only when a client is first needed, through the amazon provider's
 ``AwsBaseHook`` (credentials, region and endpoint from the Airflow connection).
+
+Every API call goes through :func:`call`, which backs off with full jitter while the service
+throttles it, within a bound: a status read gives up sooner (the watch reads again next tick) than
+the calls made outside the wait loop (submit, lookups, cancel, marks). SubmitJob is the exception:
+it is not idempotent (no client token), so it is sent by a client without botocore's automatic
+retries, and the backend looks the job name up before sending it again (see
+:func:`may_have_happened`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,18 @@ CANCEL_WAIT_S = 4.0
 #: Batch's and CloudWatch Logs' error codes for request throttling
 THROTTLING_CODES = frozenset({"TooManyRequestsException", "ThrottlingException", "Throttling"})
 
+#: backoff after the n-th throttled try: uniform(0, min(MAX_DELAY_S, BASE_DELAY_S * 2**n)) seconds
+BASE_DELAY_S = 0.25
+MAX_DELAY_S = 8.0
+#: tries of a status read before it is reported as throttled (the watch reads again next tick)
+POLL_ATTEMPTS = 6
+#: tries of a call outside the wait loop (submit, lookups, cancel, marks): about a minute of backoff
+PATIENT_ATTEMPTS = 10
+
+#: botocore's own retries (of throttling, 5xx and connection errors) unless the connection's
+#: ``config_kwargs`` say otherwise: 3 retries
+DEFAULT_RETRIES = {"mode": "standard", "max_attempts": 3}
+
 
 class Clients:
     """boto3 clients of one backend (one per service), built on first use.
@@ -51,19 +70,24 @@ class Clients:
         self._clients: dict[str, BaseClient] = {}
         self._resolved_region: str | None = None
 
-    def get(self, service: str) -> BaseClient:
-        """The client of ``service`` (``batch``, ``logs``); never waits for another caller."""
-        client = self._clients.get(service)  # a plain dict read: atomic, no lock
+    def get(self, service: str, *, automatic_retries: bool = True) -> BaseClient:
+        """The client of ``service`` (``batch``, ``logs``); never waits for another caller.
+
+        :param automatic_retries: ``False`` for a client that sends each request once (botocore's
+            retries off), for calls that must not be repeated blindly (SubmitJob)
+        """
+        key = service if automatic_retries else f"{service}:once"
+        client = self._clients.get(key)  # a plain dict read: atomic, no lock
         if client is not None:
             return client
         if not self._build_lock.acquire(blocking=False):
             log.debug("a %s client is being built elsewhere; building one for this call", service)
-            return self._remember_region(self.build(service))
+            return self._remember_region(self.build(service, automatic_retries=automatic_retries))
         try:
-            client = self._clients.get(service)
+            client = self._clients.get(key)
             if client is None:
-                client = self._remember_region(self.build(service))
-                self._clients[service] = client
+                client = self._remember_region(self.build(service, automatic_retries=automatic_retries))
+                self._clients[key] = client
             return client
         finally:
             self._build_lock.release()
@@ -72,14 +96,15 @@ class Clients:
         self._resolved_region = client.meta.region_name
         return client
 
-    def build(self, service: str) -> BaseClient:
-        """A new client from the Airflow connection."""
+    def build(self, service: str, *, automatic_retries: bool = True) -> BaseClient:
+        """A new client from the Airflow connection (its ``config_kwargs`` apply, e.g. ``retries``)."""
         from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
         from botocore.config import Config
 
         hook = AwsBaseHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name, client_type=service)
-        # botocore retries throttled and transient calls itself; call() adds its own backoff on top
-        config = hook.config.merge(Config(retries={"mode": "standard", "max_attempts": 3}))
+        config = Config(retries=dict(DEFAULT_RETRIES)).merge(hook.config)  # the connection's settings win
+        if not automatic_retries:
+            config = config.merge(Config(retries={"mode": "standard", "total_max_attempts": 1}))
         return hook.get_client_type(region_name=hook.region_name, config=config)
 
     @property
@@ -92,23 +117,51 @@ class Clients:
         return self._resolved_region or "us-east-1"
 
 
-def call(what: str, fn: Callable[[], T], *, attempts: int = 6) -> T:
-    """Run one API call, backing off with full jitter while the service throttles it."""
+def is_throttling(err: BaseException) -> bool:
+    """Whether a botocore error says the service throttled the request."""
     from botocore.exceptions import ClientError
 
+    return isinstance(err, ClientError) and str(err.response.get("Error", {}).get("Code", "")) in THROTTLING_CODES
+
+
+def may_have_happened(err: BaseException) -> bool:
+    """Whether a request that failed with ``err`` may still have been carried out.
+
+    A definite refusal (HTTP 4xx, other than throttling) did nothing. After throttling, a server
+    error (5xx), a read timeout or a connection closed before the answer, the service may have
+    carried the request out: a SubmitJob must then be looked up before it is sent again.
+    """
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    if isinstance(err, ClientError):
+        status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        return is_throttling(err) or status >= 500
+    return isinstance(err, (HTTPClientError, BotoConnectionError))
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait after the ``attempt``-th throttled try (full jitter)."""
+    return random.uniform(0, min(MAX_DELAY_S, BASE_DELAY_S * 2**attempt))
+
+
+def call(what: str, fn: Callable[[], T], *, attempts: int = PATIENT_ATTEMPTS) -> T:
+    """Run one API call, backing off while the service throttles it, at most ``attempts`` tries.
+
+    :raises GpuBackendThrottledError: still throttled after the last try
+    """
     for attempt in range(1, attempts + 1):
         try:
             return fn()
-        except ClientError as err:
-            code = str(err.response.get("Error", {}).get("Code", ""))
-            if code not in THROTTLING_CODES:
+        except Exception as err:
+            if not is_throttling(err):
                 raise
             if attempt == attempts:
                 raise GpuBackendThrottledError(
-                    f"AWS Batch throttled {what} {attempts} times in a row ({code}); will try again"
+                    f"AWS Batch throttled {what} {attempts} times in a row; will try again"
                 ) from err
-            delay = random.uniform(0, min(8.0, 0.25 * 2**attempt))
-            log.debug("%s throttled (%s); retrying in %.2fs", what, code, delay)
+            delay = backoff(attempt)
+            log.debug("%s throttled; retrying in %.2fs", what, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
 
