@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from gpu_provider.job import MAX_DURATION_S, safe_repr
+
 #: user names ``run_as_user`` accepts (what ``useradd`` accepts; no path or option characters)
 _USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?")
 
@@ -21,19 +23,22 @@ def _is_number(value: Any) -> bool:
 
 
 def seconds_option(option: str, value: Any, item: Any = None) -> float:
-    """One duration in seconds (a number or a numeric string), finite and >= 0."""
+    """One duration in seconds (a number or a numeric string), from 0 to ``MAX_DURATION_S`` (366 days)."""
     shown = value if item is None else item
     seconds: float | None = None
     if _is_number(shown):
-        seconds = float(shown)
+        try:
+            seconds = float(shown)
+        except OverflowError:  # an int past float's range
+            seconds = None
     elif isinstance(shown, str):
         try:
             seconds = float(shown.strip())
         except ValueError:
             seconds = None
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        what = f"{option}={value!r}" + (f": entry {item!r}" if item is not None else "")
-        raise ValueError(f"{what} is not a number of seconds >= 0")
+    if seconds is None or not math.isfinite(seconds) or not 0 <= seconds <= MAX_DURATION_S:
+        what = f"{option}={safe_repr(value)}" + (f": entry {safe_repr(item)}" if item is not None else "")
+        raise ValueError(f"{what} is not a number of seconds from 0 to {MAX_DURATION_S:.0f} (366 days)")
     return seconds
 
 

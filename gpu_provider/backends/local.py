@@ -261,11 +261,11 @@ class LocalBackend(Backend):
         priority: int | None = None,
         max_runtime_s: float | None = None,
     ) -> None:
-        """The shared checks, and that the worker can switch to ``run_as_user`` (it runs as root)."""
+        """The shared checks. Whether the worker can switch to ``run_as_user`` (it runs as root, the user
+        exists) is checked at submit: the DAG processor that parses the DAG may run as another user."""
         super().validate(
             resources, capacity, multi_capacity=multi_capacity, priority=priority, max_runtime_s=max_runtime_s
         )
-        resolve_run_as(self.run_as_user)
 
     def _devices(self) -> list[int]:
         """The GPUs jobs may use; logs once per process when there are none."""

@@ -213,14 +213,19 @@ def test_without_run_as_user_a_job_reads_what_the_worker_user_can(local: Local, 
     assert "[node 0] worker secret readable: True" in local.backend.logs(handle).lines
 
 
-def test_run_as_user_is_refused_when_the_worker_cannot_switch_users(tmp_path: Path) -> None:
+def test_run_as_user_is_refused_when_the_worker_cannot_switch_users(tmp_path: Path, local: Local) -> None:
     check = textwrap.dedent(
         """
+        from gpu_provider.backends.base import JobIdentity, JobRequest, TaskKey
         from gpu_provider.backends.local import LocalBackend
         from gpu_provider.job import GpuResources
         backend = LocalBackend(state_dir="/nonexistent/state", run_as_user="root", gpus=[])
+        # parsing a DAG as an unprivileged DAG processor is fine; only running the job is refused
+        backend.validate(GpuResources(gpus=1), "on-demand", multi_capacity=False)
+        identity = JobIdentity(TaskKey("d", "t", "r"), try_number=1, attempt=1, capacity="on-demand")
+        request = JobRequest(identity, ("true",), {}, GpuResources(gpus=1), "on-demand")
         try:
-            backend.validate(GpuResources(gpus=1), "on-demand", multi_capacity=False)
+            backend.submit(request)
         except ValueError as err:
             print(err)
         """
@@ -244,8 +249,10 @@ def test_run_as_user_is_refused_when_the_worker_cannot_switch_users(tmp_path: Pa
         "run_as_user unset"
     )
     backend = LocalBackend(state_dir=str(tmp_path), run_as_user="no-such-user-here", gpus=[])
+    backend.validate(GpuResources(gpus=1), "on-demand", multi_capacity=False)
     with pytest.raises(ValueError, match="run_as_user='no-such-user-here': there is no such user on this machine"):
-        backend.validate(GpuResources(gpus=1), "on-demand", multi_capacity=False)
+        local.submit(job("print('never')"), backend=backend)
+    assert not list(tmp_path.glob("jobs/*")), "a refused submit leaves nothing behind"
     with pytest.raises(ValueError, match=r"run_as_user='\.\./x' is not a user name"):
         LocalBackend(run_as_user="../x")
 
