@@ -57,6 +57,23 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "15",
                         "default": "",
                     },
+                    "task_log_max_mib": {
+                        "description": "The most MiB of one attempt's log copied into the task log. Past it the task "
+                        "log says how many lines were left out and where the job's full log is.",
+                        "version_added": "0.3.0",
+                        "type": "string",
+                        "example": "50",
+                        "default": "10",
+                    },
+                    "local_run_as_user": {
+                        "description": "Run the local backend's job processes as this user (the worker must run "
+                        "as root), so a job cannot read the worker's environment or other jobs' state. Empty: "
+                        "the worker's own user.",
+                        "version_added": "0.3.0",
+                        "type": "string",
+                        "example": "gpujobs",
+                        "default": "",
+                    },
                     "local_state_dir": {
                         "description": "Folder where the local backend keeps each job's state, exit codes and logs "
                         "(what lets a restarted worker reattach), and its GPU allocations. Empty: "
