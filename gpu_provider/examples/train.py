@@ -57,6 +57,7 @@ from gpu_provider.runtime import (  # noqa: E402
     install_stop_handler,
     job_env,
     restore_checkpoint,
+    resume_checkpoint,
     save_checkpoint,
 )
 
@@ -353,9 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     total_steps = args.epochs * steps_per_epoch
     plan = {"seed": args.seed, "batch_size": args.batch_size, "steps_per_epoch": steps_per_epoch, "hidden": HIDDEN}
 
-    if env.resume_from:
-        step, flat, velocity = load_state(env.resume_from, plan)
-        name = env.resume_from.rstrip("/").rsplit("/", 1)[-1]
+    # the newest checkpoint in the store, not only the one named at submission: a service that restarts
+    # the job inside one attempt (SageMaker managed spot, Kubernetes) keeps the submit-time hint
+    resume_from = resume_checkpoint(env)
+    if resume_from:
+        step, flat, velocity = load_state(resume_from, plan)
+        name = resume_from.rstrip("/").rsplit("/", 1)[-1]
         log(rank, f"resumed from checkpoint {name} (step {step} of {total_steps})")
     else:
         step, flat = 0, init_params(n_features, args.seed)
