@@ -629,8 +629,11 @@ class BatchEmulator:
         if not is_batch:
             return None
         method = environ.get("REQUEST_METHOD", "POST")
+        # match the path as sent: PATH_INFO has %2F decoded, so an ARN in the path (TagResource) would
+        # look like several segments
+        raw = str(environ.get("RAW_URI") or environ.get("REQUEST_URI") or path).split("?", 1)[0]
         for route_method, pattern, name in self._routes:
-            if route_method == method and pattern.fullmatch(path):
+            if route_method == method and pattern.fullmatch(raw):
                 return name
         return f"batch:{method} {path}"
 

@@ -459,6 +459,7 @@ def test_throttling_outside_the_wait_loop_is_retried_with_backoff(
         handle = backend.submit(_request(_py("pass"), task="throttled-all", capacity="spot"))
         found = BatchBackend(**batch.queues).find_existing(TaskKey("batch_tests", "throttled-all", "manual__run", -1))
         status = backend.poll([handle])[handle.job_id]
+        backend.mark(handle, owner_try=2)
         backend.cancel(handle, "Airflow task was killed")
     finally:
         batch.emulator.throttle_bursts("*", 0)
@@ -466,7 +467,7 @@ def test_throttling_outside_the_wait_loop_is_retried_with_backoff(
     assert isinstance(status, JobStatus) and status.state is JobState.QUEUED
     throttled = {r["action"] for r in batch.emulator.requests() if r["throttled"]}
     expected = {"ListJobs", "DescribeJobQueues", "DescribeJobDefinitions", "RegisterJobDefinition", "SubmitJob"}
-    assert expected | {"DescribeJobs", "TerminateJob"} <= throttled
+    assert expected | {"DescribeJobs", "TagResource", "TerminateJob"} <= throttled
     assert len(batch.bodies("SubmitJob")) == 1  # one job: every throttled submit was looked up before it was re-sent
     assert [b["jobId"] for b in batch.bodies("TerminateJob")] == [handle.job_id]
     # throttling that does not stop is reported as such, within a bound
@@ -503,3 +504,24 @@ def test_submit_adopts_the_job_of_its_attempt_instead_of_creating_another(batch:
     assert len(batch.bodies("SubmitJob")) == 1
     # the next attempt has another name: a new job
     assert BatchBackend(**batch.queues).submit(_request(_py("pass"), task="adopt", attempt=2)).job_id != first.job_id
+
+
+def test_marks_are_recorded_on_the_job_and_read_back_by_any_worker(batch: BatchWorld) -> None:
+    batch.emulator.hold(batch.setup.spot_queue)
+    backend = BatchBackend(**batch.queues)
+    handle = backend.submit(_request(_py("pass"), task="marks", capacity="spot"))
+    status = _status(backend, handle)
+    assert (status.owner_try, status.collected) == (1, False)  # the submitting try owns it
+    backend.mark(handle, owner_try=3)  # a later try took it over
+    other = BatchBackend(**batch.queues)  # another worker, which knows the job only by lookup
+    (found,) = other.find_existing(TaskKey("batch_tests", "marks", "manual__run", -1))
+    status = _status(other, found)
+    assert (status.owner_try, status.collected) == (3, False)
+    other.mark(dataclasses.replace(found, extra={}), collected=True)  # an old handle without the ARN
+    status = _status(backend, handle)
+    assert (status.owner_try, status.collected) == (3, True)
+    tags_sent = [b["tags"] for b in batch.bodies("TagResource")]
+    assert tags_sent == [{names.TAG_OWNER_TRY: "3"}, {names.TAG_COLLECTED: "true"}]
+    assert batch.describe(handle.job_id)["tags"][names.TAG_RUN_ID] == "manual__run"
+    with pytest.raises(ValueError, match="owner_try=0"):
+        backend.mark(handle, owner_try=0)

@@ -642,6 +642,8 @@ class BatchBackend(Backend):
         gpu_seconds = gpus * max(0.0, (ended or time.time()) - started) if started else 0.0
         stream = str((job.get("container") or {}).get("logStreamName") or "")
         log_url = console_log_url(self.region, self.log_group, stream) if stream else None
+        tags = job.get("tags") or {}
+        owner = str(tags.get(names.TAG_OWNER_TRY) or "")
         return JobStatus(
             state=state,
             reason=reason,
@@ -651,6 +653,8 @@ class BatchBackend(Backend):
             gpu_seconds=gpu_seconds,
             log_url=log_url,
             interruption=interruption,
+            owner_try=int(owner) if owner.isdigit() else None,
+            collected=str(tags.get(names.TAG_COLLECTED) or "").lower() == "true",
         )
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
@@ -662,6 +666,30 @@ class BatchBackend(Backend):
         client = self._client("batch")
         text = (CANCEL_PREFIX + reason)[:1024]
         call("TerminateJob", lambda: client.terminate_job(jobId=job_id, reason=text))
+
+    def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:
+        """Tag the job (TagResource on its ARN): the try that owns it, or that its outcome was collected."""
+        tags: dict[str, str] = {}
+        if owner_try is not None:
+            if isinstance(owner_try, bool) or not isinstance(owner_try, int) or owner_try < 1:
+                raise ValueError(f"owner_try={owner_try!r} must be an Airflow try number (an integer, 1 or more)")
+            tags[names.TAG_OWNER_TRY] = str(owner_try)
+        if collected:
+            tags[names.TAG_COLLECTED] = "true"
+        if not tags:
+            return
+        arn = str(handle.extra.get("job_arn") or "") or self._job_arn(handle)
+        client = self._client("batch")
+        call("TagResource", lambda: client.tag_resource(resourceArn=arn, tags=tags))
+
+    def _job_arn(self, handle: JobHandle) -> str:
+        """The ARN of a job whose handle does not carry it (a handle from an older version)."""
+        for job in self._describe([handle.job_id], attempts=PATIENT_ATTEMPTS):
+            if job.get("jobArn"):
+                return str(job["jobArn"])
+        raise GpuJobError(
+            f"AWS Batch no longer knows job {handle.job_id} ({handle.name}): it cannot be tagged (expired or deleted)"
+        )
 
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt of the task instance in either queue, found by job name (ListJobs JOB_NAME filter)."""
