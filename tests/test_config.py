@@ -8,6 +8,8 @@ import pytest
 
 from gpu_provider.backends.local import LocalBackend
 from gpu_provider.operators import GpuJobOperator
+from gpu_provider.operators._fields import configured_poll_interval
+from gpu_provider.operators.gpu_job import MAX_POLL_INTERVAL_S
 
 
 def test_default_backend_comes_from_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,12 +23,15 @@ def test_default_backend_comes_from_config(monkeypatch: pytest.MonkeyPatch) -> N
 def test_poll_interval_comes_from_config_else_the_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     backend = LocalBackend(state_dir="/tmp/unused")
     monkeypatch.delenv("AIRFLOW__GPU_PROVIDER__POLL_INTERVAL", raising=False)
-    assert GpuJobOperator._configured_poll_interval(backend) == LocalBackend.default_poll_interval == 2.0
+    assert configured_poll_interval(backend, MAX_POLL_INTERVAL_S) == LocalBackend.default_poll_interval == 2.0
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__POLL_INTERVAL", "7.5")
-    assert GpuJobOperator._configured_poll_interval(backend) == 7.5
+    assert configured_poll_interval(backend, MAX_POLL_INTERVAL_S) == 7.5
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__POLL_INTERVAL", "soon")
     with pytest.raises(ValueError, match=r"\[gpu_provider\] poll_interval='soon'"):
-        GpuJobOperator._configured_poll_interval(backend)
+        configured_poll_interval(backend, MAX_POLL_INTERVAL_S)
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__POLL_INTERVAL", "86400")
+    with pytest.raises(ValueError, match=r"\[gpu_provider\] poll_interval='86400' is out of range.*0 to 3600"):
+        configured_poll_interval(backend, MAX_POLL_INTERVAL_S)
 
 
 def test_local_state_dir_comes_from_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

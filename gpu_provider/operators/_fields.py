@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpu_provider.backends.base import backend_class
-from gpu_provider.job import Checkpoint, GpuResources, is_templated
-from gpu_provider.names import ENV_PREFIX, RENDEZVOUS_ENV
+from gpu_provider.backends.base import Backend, backend_class
+from gpu_provider.job import MAX_DURATION_S, Checkpoint, GpuResources, is_templated, to_seconds
+from gpu_provider.names import ENV_PREFIX, RENDEZVOUS_ENV, SPOT
+from gpu_provider.recovery import CapacityPolicy
+
+#: spot without a checkpoint is fine for short jobs; above this max runtime it earns a warning
+SPOT_WITHOUT_CHECKPOINT_WARN_S = 3600.0
 
 #: variables the provider sets on every job; ``env=`` may not override them
 RESERVED_ENV = frozenset({*RENDEZVOUS_ENV, "CUDA_VISIBLE_DEVICES"})
@@ -98,3 +103,66 @@ def check_fixed_options(backend: Any) -> None:
                 "executable or a place on disk, and templates can take trigger-form params (untrusted input). "
                 "Give a literal value, or set it in the [gpu_provider] config."
             )
+
+
+def team_pool(team: Any, pool: Any, resources: GpuResources) -> dict[str, Any]:
+    """``team=`` -> the ``pool`` (``gpu_<team>``) and ``pool_slots`` (total GPUs rounded up) it sets."""
+    if team is None:
+        return {}
+    if not isinstance(team, str) or not TEAM.match(team):
+        raise ValueError(
+            f"team={team!r} must be lower-case letters, digits, '-' or '_' (1-63 chars, e.g. 'vision'); "
+            "it names the pool gpu_<team> (map it to a differently spelt service-side name in the "
+            "backend's options, e.g. Batch share_identifiers)"
+        )
+    wanted = f"gpu_{team}"
+    if pool not in (None, wanted):
+        raise ValueError(f"team={team!r} sets pool={wanted!r}; do not also pass pool={pool!r}")
+    return {"pool": wanted, "pool_slots": resources.pool_slots}
+
+
+def priority_weight(priority: Any) -> dict[str, Any]:
+    """``priority=`` -> Airflow's ``priority_weight`` with the ``absolute`` weight rule."""
+    if priority is None:
+        return {}
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise TypeError(f"priority={priority!r} ({type(priority).__name__}) must be an integer")
+    if abs(priority) > 2**31 - 1:
+        raise ValueError(f"priority={priority!r} must be between -2147483647 and 2147483647")
+    return {"priority_weight": priority, "weight_rule": "absolute"}
+
+
+def positive_seconds(field: str, value: Any, maximum: float = MAX_DURATION_S) -> float | None:
+    """A duration that, when given, is more than 0 seconds (``None``: not given)."""
+    seconds = to_seconds(field, value, maximum=maximum)
+    if seconds == 0:
+        raise ValueError(f"{field}={value!r} must be > 0 seconds (None for the default)")
+    return seconds
+
+
+def configured_poll_interval(backend: Backend, maximum: float) -> float:
+    """``[gpu_provider] poll_interval``, else the backend's own default."""
+    from airflow.configuration import conf
+
+    raw = conf.get("gpu_provider", "poll_interval", fallback="") or ""
+    if raw.strip():
+        value = to_seconds("[gpu_provider] poll_interval", raw, allow_none=False, maximum=maximum)
+        if value:
+            return value
+    return backend.default_poll_interval
+
+
+def warn_spot_without_checkpoint(
+    task_id: str, capacity: CapacityPolicy, checkpoint_uri: str | None, max_runtime_s: float | None
+) -> None:
+    if SPOT not in capacity.may_use or checkpoint_uri:
+        return
+    if max_runtime_s is None or max_runtime_s > SPOT_WITHOUT_CHECKPOINT_WARN_S:
+        limit = "no max_runtime" if max_runtime_s is None else f"max_runtime={max_runtime_s:.0f}s"
+        warnings.warn(
+            f"task {task_id!r}: capacity={capacity!r} may run on spot, but the job has no "
+            f"checkpoint= and {limit} (> {SPOT_WITHOUT_CHECKPOINT_WARN_S:.0f}s): every interruption restarts "
+            "it from the beginning. Add checkpoint=Checkpoint(uri=...) or use capacity='on_demand'.",
+            UserWarning,
+            stacklevel=4,
+        )

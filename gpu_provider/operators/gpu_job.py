@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,16 +33,20 @@ from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, poll_one, recover
 from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
-from gpu_provider.job import MAX_DURATION_S, is_templated, to_bool, to_seconds, validate_checkpoint_uri
+from gpu_provider.job import is_templated, to_bool, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
 from gpu_provider.operators._fields import (
-    TEAM,
     any_templated,
     check_fixed_options,
+    configured_poll_interval,
+    positive_seconds,
+    priority_weight,
+    team_pool,
     to_checkpoint,
     to_resources,
     validate_command,
     validate_env,
+    warn_spot_without_checkpoint,
 )
 from gpu_provider.records import AttemptRecord, dump_records, load_records
 from gpu_provider.recovery import CapacityPolicy, resolve_capacity
@@ -51,9 +54,6 @@ from gpu_provider.recovery import CapacityPolicy, resolve_capacity
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from pydantic import JsonValue
-
-#: spot without a checkpoint is fine for short jobs; above this max runtime it earns a warning
-SPOT_WITHOUT_CHECKPOINT_WARN_S = 3600.0
 
 #: the longest ``poll_interval`` accepted (seconds): a status check at least every hour
 MAX_POLL_INTERVAL_S = 3600.0
@@ -138,25 +138,8 @@ class GpuJobOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         self.gpu_resources = to_resources(resources)
-        if team is not None:
-            if not isinstance(team, str) or not TEAM.match(team):
-                raise ValueError(
-                    f"team={team!r} must be lower-case letters, digits, '-' or '_' (1-63 chars, e.g. 'vision'); "
-                    "it names the pool gpu_<team> (map it to a differently spelt service-side name in the "
-                    "backend's options, e.g. Batch share_identifiers)"
-                )
-            pool = f"gpu_{team}"
-            if kwargs.get("pool") not in (None, pool):
-                raise ValueError(f"team={team!r} sets pool={pool!r}; do not also pass pool={kwargs['pool']!r}")
-            kwargs["pool"] = pool
-            kwargs.setdefault("pool_slots", self.gpu_resources.pool_slots)
-        if priority is not None:
-            if not isinstance(priority, int) or isinstance(priority, bool):
-                raise TypeError(f"priority={priority!r} ({type(priority).__name__}) must be an integer")
-            if abs(priority) > 2**31 - 1:
-                raise ValueError(f"priority={priority!r} must be between -2147483647 and 2147483647")
-            kwargs["priority_weight"] = priority
-            kwargs["weight_rule"] = "absolute"
+        kwargs.update(team_pool(team, kwargs.get("pool"), self.gpu_resources))
+        kwargs.update(priority_weight(priority))
         super().__init__(**kwargs)
 
         self.command = command if is_templated(command) else validate_command(command)
@@ -173,9 +156,9 @@ class GpuJobOperator(BaseOperator):
         self.checkpoint_keep = ckpt.keep if ckpt else None
         self.team = team
         self.job_priority = priority
-        self.max_runtime_s = self._positive("max_runtime", max_runtime)
-        self.queue_timeout_s = self._positive("queue_timeout", queue_timeout)
-        self.poll_interval = self._positive("poll_interval", poll_interval, maximum=MAX_POLL_INTERVAL_S)
+        self.max_runtime_s = positive_seconds("max_runtime", max_runtime)
+        self.queue_timeout_s = positive_seconds("queue_timeout", queue_timeout)
+        self.poll_interval = positive_seconds("poll_interval", poll_interval, maximum=MAX_POLL_INTERVAL_S)
         if deferrable is None:
             from airflow.configuration import conf
 
@@ -191,7 +174,7 @@ class GpuJobOperator(BaseOperator):
                 known.validate_image(image or None)
         elif isinstance(backend, Mapping) and not is_templated(backend.get("name")):
             check_backend_name(str(backend.get("name")))
-        self._warn_spot_without_checkpoint()
+        warn_spot_without_checkpoint(self.task_id, self.capacity, self.checkpoint_uri, self.max_runtime_s)
         self._handle: JobHandle | None = None
         self._backend: Backend | None = None
         self._run_id: str | None = None
@@ -200,27 +183,6 @@ class GpuJobOperator(BaseOperator):
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ parse & render checks
-    @staticmethod
-    def _positive(field: str, value: Any, maximum: float = MAX_DURATION_S) -> float | None:
-        seconds = to_seconds(field, value, maximum=maximum)
-        if seconds == 0:
-            raise ValueError(f"{field}={value!r} must be > 0 seconds (None for the default)")
-        return seconds
-
-    def _warn_spot_without_checkpoint(self) -> None:
-        if names.SPOT not in self.capacity.may_use or self.checkpoint_uri:
-            return
-        runtime = self.max_runtime_s
-        if runtime is None or runtime > SPOT_WITHOUT_CHECKPOINT_WARN_S:
-            limit = "no max_runtime" if runtime is None else f"max_runtime={runtime:.0f}s"
-            warnings.warn(
-                f"task {self.task_id!r}: capacity={self.capacity!r} may run on spot, but the job has no "
-                f"checkpoint= and {limit} (> {SPOT_WITHOUT_CHECKPOINT_WARN_S:.0f}s): every interruption restarts "
-                "it from the beginning. Add checkpoint=Checkpoint(uri=...) or use capacity='on_demand'.",
-                UserWarning,
-                stacklevel=3,
-            )
-
     def _plan(self, context: Context) -> _Plan:
         """Validate the rendered fields (templates are resolved by now) and fix the job for this try."""
         backend = resolve_backend(self.backend)
@@ -240,7 +202,7 @@ class GpuJobOperator(BaseOperator):
             image=image,
             checkpoint_uri=checkpoint_uri,
             max_runtime_s=max_runtime_s,
-            poll_interval=self.poll_interval or self._configured_poll_interval(backend),
+            poll_interval=self.poll_interval or configured_poll_interval(backend, MAX_POLL_INTERVAL_S),
             try_number=int(ti.try_number),
         )
 
@@ -258,17 +220,6 @@ class GpuJobOperator(BaseOperator):
         timeout = self.execution_timeout
         limits = [s for s in (max_runtime_s, timeout.total_seconds() if isinstance(timeout, timedelta) else None) if s]
         return min(limits) if limits else None
-
-    @staticmethod
-    def _configured_poll_interval(backend: Backend) -> float:
-        from airflow.configuration import conf
-
-        raw = conf.get("gpu_provider", "poll_interval", fallback="") or ""
-        if raw.strip():
-            value = to_seconds("[gpu_provider] poll_interval", raw, allow_none=False, maximum=MAX_POLL_INTERVAL_S)
-            if value:
-                return value
-        return backend.default_poll_interval
 
     def _deadline(self, context: Context) -> float | None:
         """When this try's ``execution_timeout`` ends (Unix time); Airflow does not apply it while deferred."""
