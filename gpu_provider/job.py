@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from gpu_provider import names
+
 #: capacity types an attempt can run on
-CAPACITY_TYPES = ("spot", "on-demand")
+CAPACITY_TYPES = names.CAPACITY_TYPES
 
 #: GPU models the backends know how to place (lower case, as written in ``gpu_type=``)
 GPU_TYPES = (

@@ -16,13 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from gpu_provider.job import safe_repr, to_seconds
-
-SPOT = "spot"
-ON_DEMAND = "on-demand"
-
-#: interruption kinds the policy reacts to
-PREEMPTED = "preempted"
-CAPACITY_TIMEOUT = "capacity_timeout"
+from gpu_provider.names import CAPACITY_TIMEOUT, ON_DEMAND, PREEMPTED, SPOT
 
 _DEFAULT_MAX_INTERRUPTIONS = 3
 _DEFAULT_SPOT_WAIT_S = 30 * 60.0

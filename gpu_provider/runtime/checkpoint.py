@@ -56,6 +56,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from gpu_provider import names
 from gpu_provider.runtime import _temp
 from gpu_provider.runtime._temp import STALE_TEMP_AGE_S as STALE_TEMP_AGE_S
 
@@ -79,7 +80,7 @@ _LATEST_MAX_BYTES = 256
 _ALLOWED = "allowed: file://, s3://"
 
 #: set by the operator from ``Checkpoint(keep=...)``; the default of every ``keep=`` below
-ENV_CHECKPOINT_KEEP = "GPU_PROVIDER_CHECKPOINT_KEEP"
+ENV_CHECKPOINT_KEEP = names.ENV_CHECKPOINT_KEEP
 _DEFAULT_KEEP = 3
 
 

@@ -24,11 +24,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-ENV_CHECKPOINT_URI = "GPU_PROVIDER_CHECKPOINT_URI"
-ENV_RESUME_FROM = "GPU_PROVIDER_RESUME_FROM"
-ENV_ATTEMPT = "GPU_PROVIDER_ATTEMPT"
-ENV_CAPACITY = "GPU_PROVIDER_CAPACITY"
-ENV_OUTPUT_FILE = "GPU_PROVIDER_OUTPUT_FILE"
+from gpu_provider.names import (  # defined once for the operator, the backends and the job
+    CAPACITY_TYPES,
+    ENV_ATTEMPT,
+    ENV_CAPACITY,
+    ENV_CHECKPOINT_URI,
+    ENV_OUTPUT_FILE,
+    ENV_RESUME_FROM,
+    ON_DEMAND,
+)
+
 ENV_NNODES = "NNODES"
 ENV_NODE_RANK = "NODE_RANK"
 ENV_MASTER_ADDR = "MASTER_ADDR"
@@ -41,9 +46,6 @@ BATCH_MAIN_NODE_ADDRESS = "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"
 SAGEMAKER_HOSTS = "SM_HOSTS"
 SAGEMAKER_CURRENT_HOST = "SM_CURRENT_HOST"
 K8S_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
-
-#: capacity types an attempt can run on
-CAPACITY_TYPES = ("spot", "on-demand")
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
@@ -73,7 +75,7 @@ class JobEnv:
     checkpoint_uri: str | None = None
     resume_from: str | None = None
     attempt: int = 1
-    capacity: str = "on-demand"
+    capacity: str = ON_DEMAND
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = DEFAULT_MASTER_ADDR
@@ -213,7 +215,7 @@ def job_env(environ: Mapping[str, str] | None = None) -> JobEnv:
 
     attempt_item = _get(env, ENV_ATTEMPT)
     capacity_item = _get(env, ENV_CAPACITY)
-    capacity = "on-demand"
+    capacity = ON_DEMAND
     if capacity_item is not None:
         capacity = capacity_item.value.lower().replace("_", "-")
         if capacity not in CAPACITY_TYPES:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from gpu_provider.runtime.env import ENV_OUTPUT_FILE
+from gpu_provider.names import ENV_OUTPUT_FILE
 
 #: start of the line :func:`declare_output` prints; backends look for it in the job's logs
 OUTPUT_LINE_PREFIX = "gpu_provider: output_uri="

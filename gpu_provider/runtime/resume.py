@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gpu_provider.names import ENV_CHECKPOINT_URI, ENV_RESUME_FROM
 from gpu_provider.runtime.checkpoint import checkpoint_step, latest_checkpoint
-from gpu_provider.runtime.env import ENV_CHECKPOINT_URI, ENV_RESUME_FROM, JobEnv, job_env
+from gpu_provider.runtime.env import JobEnv, job_env
 
 log = logging.getLogger(__name__)
 
