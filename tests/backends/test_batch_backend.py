@@ -16,7 +16,16 @@ from typing import Any
 import pytest
 
 from gpu_provider import names
-from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, JobStatus, TaskKey
+from gpu_provider.backends.base import (
+    MAX_LOG_LINE_CHARS,
+    JobHandle,
+    JobIdentity,
+    JobRequest,
+    JobState,
+    JobStatus,
+    LogChunk,
+    TaskKey,
+)
 from gpu_provider.backends.batch import CANCEL_PREFIX, BatchBackend
 from gpu_provider.backends.batch import calls as batch_calls
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobStatusError
@@ -105,9 +114,10 @@ def test_single_node_job_runs_and_its_request_carries_the_contract(batch: BatchW
     (definition,) = batch.bodies("RegisterJobDefinition")
     assert body["jobDefinition"].split("/")[-1].startswith(definition["jobDefinitionName"] + ":")
     assert {"type": "GPU", "value": "1"} in definition["containerProperties"]["resourceRequirements"]
-    lines, position = backend.logs(handle)
-    assert "hello from batch" in lines
-    assert backend.logs(handle, position) == ([], position)
+    chunk = backend.logs(handle)
+    assert "hello from batch" in chunk.lines and not chunk.more
+    again = backend.logs(handle, chunk.cursor)
+    assert (again.lines, again.more, again.cursor) == ([], False, chunk.cursor)
     assert status.log_url and "log-events" in status.log_url
 
 
@@ -229,7 +239,7 @@ def test_failed_job_keeps_its_exit_code(batch: BatchWorld) -> None:
     handle = backend.submit(_request(_py("import sys; print('boom'); sys.exit(3)"), task="fails"))
     status = _wait_state(backend, handle, JobState.SUCCEEDED, JobState.FAILED)
     assert status.state is JobState.FAILED
-    assert "boom" in backend.logs(handle)[0]
+    assert "boom" in backend.logs(handle).lines
 
 
 def test_find_existing_finds_attempts_by_name_in_both_queues(batch: BatchWorld) -> None:
@@ -525,3 +535,54 @@ def test_marks_are_recorded_on_the_job_and_read_back_by_any_worker(batch: BatchW
     assert batch.describe(handle.job_id)["tags"][names.TAG_RUN_ID] == "manual__run"
     with pytest.raises(ValueError, match="owner_try=0"):
         backend.mark(handle, owner_try=0)
+
+
+CHATTY = """
+import os, pathlib, sys, time
+node, done = os.environ["NODE_RANK"], pathlib.Path(sys.argv[1], "node-1-done")
+out = sys.stdout
+for i in range(50_000):
+    out.write(f"{node} {i:06d} " + "x" * 40 + "\\n")
+    if i == 123:
+        out.write("long " + "y" * 40_000 + "\\n")
+out.flush()
+if node == "1":
+    done.touch()
+deadline = time.monotonic() + 60
+while node == "0" and not done.exists() and time.monotonic() < deadline:  # the main node's end stops the others
+    time.sleep(0.05)
+"""
+
+
+def test_a_chatty_multi_node_log_is_read_in_bounded_chunks_every_line_exactly_once(
+    batch: BatchWorld, tmp_path: Path
+) -> None:
+    backend = BatchBackend(**batch.queues)
+    handle = backend.submit(_request([*_py(CHATTY), str(tmp_path)], task="chatty", nodes=2))
+    assert backend.logs(handle) == LogChunk(lines=[], cursor=None, more=False)  # not started: nothing yet
+    status = _wait_state(backend, handle, JobState.SUCCEEDED, JobState.FAILED, timeout=60)
+    assert status.state is JobState.SUCCEEDED, status
+    limit = 256 * 1024
+    lines: list[str] = []
+    cursor: str | None = None
+    readers = [backend, BatchBackend(**batch.queues)]  # no reading state in a backend: any one goes on
+    sizes = []
+    for calls in range(1, 200):
+        chunk = readers[calls % 2].logs(handle, cursor, max_bytes=limit)
+        sizes.append(sum(len(line.encode()) + 1 for line in chunk.lines))
+        lines.extend(chunk.lines)
+        cursor = chunk.cursor
+        if not chunk.more:
+            break
+    assert calls > 10, calls  # about 5.2 MB in 256 KiB chunks
+    assert max(sizes) <= limit + 64 * 1024, max(sizes)  # about the limit: the last page read may pass it a little
+    long_lines = [line for line in lines if line[len("node 0: ") :].startswith("long yyy")]
+    assert len(long_lines) == 2
+    for line in long_lines:
+        assert len(line) < MAX_LOG_LINE_CHARS + 100
+        assert line.endswith(f"[line cut: {5 + 40_000 - MAX_LOG_LINE_CHARS} more characters]")
+    for node in ("0", "1"):
+        mine = [line for line in lines if line.startswith(f"node {node}: ") and line not in long_lines]
+        assert mine == [f"node {node}: {node} {i:06d} " + "x" * 40 for i in range(50_000)]
+    assert len(lines) == 100_002
+    assert backend.logs(handle, cursor).lines == []  # drained: nothing twice

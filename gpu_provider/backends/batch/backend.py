@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpu_provider import names
 from gpu_provider.backends.base import (
+    LOG_READ_BYTES,
     Backend,
     Capabilities,
     JobHandle,
@@ -36,6 +37,7 @@ from gpu_provider.backends.base import (
     JobRequest,
     JobState,
     JobStatus,
+    LogChunk,
     PollResult,
     TaskKey,
     _slug,
@@ -52,6 +54,7 @@ from gpu_provider.backends.batch.calls import (
     may_have_happened,
     run_bounded,
 )
+from gpu_provider.backends.batch.logs import LogCursor, StreamNotFoundError, log_chunk, read_streams
 from gpu_provider.backends.batch.mapping import (
     CANCEL_PREFIX,
     STATE_TABLE,
@@ -100,6 +103,12 @@ MULTI_NODE_ENTRY = (
 
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
 _SHARE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _error_code(err: BaseException) -> str:
+    """The service's error code of a botocore ``ClientError`` (``""`` for anything else)."""
+    response = getattr(err, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 def _owned_by(job: Mapping[str, Any], task: TaskKey) -> bool:
@@ -215,8 +224,6 @@ class BatchBackend(Backend):
         # runs in a signal handler and must never wait for one
         self._fair_share: dict[str, bool] = {}
         self._definitions: dict[str, str] = {}
-        self._log_streams: dict[str, list[tuple[str, str]]] = {}
-        self._log_cursors: dict[tuple[str, int], dict[str, str | None]] = {}
 
     @staticmethod
     def _parse_secrets(secrets: Any) -> dict[str, str]:
@@ -712,56 +719,40 @@ class BatchBackend(Backend):
 
     # --- logs and links --------------------------------------------------------------------------
 
-    def _streams(self, handle: JobHandle) -> list[tuple[str, str]]:
-        """(label, log stream) of each node of an attempt; empty until the job has started."""
-        known = self._log_streams.get(handle.job_id)
-        if known:
-            return known
+    def _streams(self, handle: JobHandle) -> tuple[list[tuple[str, str]], bool]:
+        """(label, log stream) of each node of an attempt whose stream is known yet, and whether all are."""
         nodes = int(handle.extra.get("nodes") or 1)
         ids = [handle.job_id] if nodes == 1 else [f"{handle.job_id}#{i}" for i in range(nodes)]
         streams: list[tuple[str, str]] = []
-        for job in sorted(self._describe(ids), key=lambda j: str(j.get("jobId"))):
+        for job in sorted(self._describe(ids), key=lambda j: int(str(j.get("jobId")).partition("#")[2] or 0)):
             stream = (job.get("container") or {}).get("logStreamName")
             if stream:
                 label = "" if nodes == 1 else f"node {str(job['jobId']).rpartition('#')[2]}: "
                 streams.append((label, str(stream)))
-        complete = len(streams) == len(ids)
-        if complete:
-            self._log_streams[handle.job_id] = streams
-        return streams
+        return streams, len(streams) == len(ids)
 
-    def logs(self, handle: JobHandle, since: int = 0) -> tuple[list[str], int]:
-        """New lines of an attempt's CloudWatch stream(s); ``since`` counts the lines already returned."""
-        streams = self._streams(handle)
-        if not streams:
-            return [], since
+    def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = LOG_READ_BYTES) -> LogChunk:
+        """Lines of the attempt's CloudWatch stream(s) after ``cursor`` (see :mod:`~.batch.logs`)."""
+        state = LogCursor.load(cursor)
+        streams = state.streams
+        if not streams:  # not all known yet: ask Batch (one DescribeJobs), and keep them once complete
+            streams, complete = self._streams(handle)
+            if not streams:
+                return LogChunk(lines=[], cursor=cursor, more=False)  # not started: no stream yet
+            if complete:
+                state.streams = streams
         client = self._client("logs")
-        cursors = self._log_cursors.pop((handle.job_id, since), None)
-        skip = 0
-        if cursors is None:
-            cursors, skip = {}, since  # another process read the first lines: read again and skip them
-        lines: list[str] = []
-        for label, stream in streams:
-            token = cursors.get(stream)
-            while True:
-                kwargs: dict[str, Any] = {"logGroupName": self.log_group, "logStreamName": stream}
-                kwargs.update({"nextToken": token} if token else {"startFromHead": True})
-                try:
-                    page = call("GetLogEvents", lambda kwargs=kwargs: client.get_log_events(**kwargs))  # type: ignore[misc]
-                except Exception as err:
-                    if "ResourceNotFoundException" in str(err):
-                        break  # the stream is created when the container writes its first line
-                    raise
-                lines.extend(label + str(event.get("message", "")).rstrip("\n") for event in page.get("events") or [])
-                new_token = page.get("nextForwardToken")
-                if not new_token or new_token == token:
-                    break
-                token = new_token
-            cursors[stream] = token
-        lines = lines[skip:]
-        position = since + len(lines)
-        self._log_cursors[(handle.job_id, position)] = cursors
-        return lines, position
+
+        def get_page(kwargs: dict[str, Any]) -> dict[str, Any]:
+            try:
+                return call("GetLogEvents", lambda: client.get_log_events(**kwargs), attempts=POLL_ATTEMPTS)
+            except Exception as err:
+                if _error_code(err) == "ResourceNotFoundException":
+                    raise StreamNotFoundError(str(kwargs["logStreamName"])) from err
+                raise
+
+        lines, more = read_streams(get_page, self.log_group, streams, state, max_bytes)
+        return log_chunk(lines, state, more)
 
     def console_url(self, handle: JobHandle) -> str | None:
         region = str(handle.extra.get("region") or self.region)
