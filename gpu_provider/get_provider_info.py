@@ -146,6 +146,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "default",
                         "default": "default",
                     },
+                    "batch_share_identifiers": {
+                        "description": "JSON mapping of team names to Batch fair-share identifiers, for "
+                        "identifiers a team= name cannot spell (e.g. upper case). Teams not in it use their "
+                        "name with '-' written as '_'. Empty: none.",
+                        "version_added": "0.3.0",
+                        "type": "string",
+                        "example": '{"team-a": "teamA"}',
+                        "default": "",
+                    },
                 },
             }
         },

@@ -148,6 +148,20 @@ def test_fair_share_fields_only_on_a_fair_share_queue(batch: BatchWorld) -> None
     assert on_plain["tags"]["gpu-provider/team"] == "ml-infra"
 
 
+def test_a_team_can_map_to_any_share_identifier(batch: BatchWorld) -> None:
+    assert batch.setup.fair_share_queue
+    fair = BatchBackend(
+        spot_queue=batch.setup.spot_queue,
+        on_demand_queue=batch.setup.fair_share_queue,
+        share_identifiers={"team-a": "teamA"},
+    )
+    fair.submit(_request(_py("pass"), task="share-a", team="team-a"))
+    fair.submit(_request(_py("pass"), task="share-b", team="ml-infra"))  # not mapped: '-' written as '_'
+    mapped, rewritten = batch.bodies("SubmitJob")
+    assert (mapped["shareIdentifier"], rewritten["shareIdentifier"]) == ("teamA", "ml_infra")
+    assert mapped["tags"]["gpu-provider/team"] == "team-a"
+
+
 def test_multi_node_request_and_the_normalised_environment_on_each_node(batch: BatchWorld, tmp_path: Path) -> None:
     backend = BatchBackend(**batch.queues, master_port=29611)
     code = (

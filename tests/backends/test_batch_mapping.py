@@ -178,6 +178,17 @@ def test_capabilities_declare_what_batch_cannot_run() -> None:
         ({"backend": {"name": "batch", **QUEUES, "secrets": {"HF_TOKEN": "hf_abcdef"}}}, "must be the ARN"),
         ({"backend": {"name": "batch", **QUEUES, "share_identifier": "ml-infra"}}, "share_identifier='ml-infra'"),
         ({"backend": {"name": "batch", **QUEUES, "queue": "x"}}, "unknown option"),
+        # a team maps to a share identifier: keys are team names, values Batch share identifiers
+        (
+            {"backend": {"name": "batch", **QUEUES, "share_identifiers": {"TeamA": "teamA"}}},
+            r"share_identifiers key 'TeamA' is not a team name",
+        ),
+        (
+            {"backend": {"name": "batch", **QUEUES, "share_identifiers": {"team-a": "team-A"}}},
+            r"share_identifiers\['team-a'\]='team-A' must be 1-255 letters, digits or underscores",
+        ),
+        ({"backend": {"name": "batch", **QUEUES, "share_identifiers": "{team-a"}}, "share_identifiers must be"),
+        ({"backend": {"name": "batch", **QUEUES, "share_identifiers": '["teamA"]'}}, "share_identifiers must be"),
     ],
 )
 def test_bad_batch_input_is_refused_at_parse_time(kwargs: dict, match: str) -> None:
@@ -245,3 +256,18 @@ def test_console_links_use_the_consoles_encoding() -> None:
     assert console_log_url("eu-west-1", "/aws/batch/job", stream_prefix="gp-def/").endswith(
         "$252Faws$252Fbatch$252Fjob$3FlogStreamNameFilter$3Dgp-def$252F"
     )
+
+
+def test_share_identifiers_come_from_the_option_or_the_config_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = resolve_backend({"name": "batch", **QUEUES, "share_identifiers": '{"team-a": "teamA"}'})
+    assert isinstance(backend, BatchBackend)
+    assert backend.share_identifiers == {"team-a": "teamA"}
+    assert resolve_backend(json.loads(json.dumps(backend.spec()))) == backend  # travels to the triggerer
+    config = '{"vision": "VisionTeam", "ml-infra": "infra"}'
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__BATCH_SHARE_IDENTIFIERS", config)
+    configured = BatchBackend(**QUEUES)
+    assert configured.share_identifiers == {"vision": "VisionTeam", "ml-infra": "infra"}
+    assert BatchBackend(**QUEUES, share_identifiers={"nlp": "NLP"}).share_identifiers == {"nlp": "NLP"}
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__BATCH_SHARE_IDENTIFIERS", "vision=VisionTeam")
+    with pytest.raises(ValueError, match=r"\[gpu_provider\] batch_share_identifiers must be"):
+        BatchBackend(**QUEUES)

@@ -103,6 +103,10 @@ MULTI_NODE_ENTRY = (
 
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
 _SHARE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+#: a Batch fair-share identifier of a job (a scheduling policy may add a trailing '*', a job may not)
+_SHARE_IDENTIFIER = re.compile(r"[A-Za-z0-9_]{1,255}")
+#: what ``team=`` accepts (the operator's rule): the keys of ``share_identifiers``
+_TEAM = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
 
 def _error_code(err: BaseException) -> str:
@@ -118,6 +122,39 @@ def _owned_by(job: Mapping[str, Any], task: TaskKey) -> bool:
         tags.get(names.TAG_DAG_ID, task.dag_id[:256]) == task.dag_id[:256]
         and tags.get(names.TAG_TASK_ID, task.task_id[:256]) == task.task_id[:256]
     )
+
+
+def _parse_share_identifiers(value: Any) -> dict[str, str]:
+    """The ``share_identifiers`` option (a mapping, or JSON text), else ``[gpu_provider] batch_share_identifiers``."""
+    where = "share_identifiers"
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value, where = provider_config("batch_share_identifiers"), "[gpu_provider] batch_share_identifiers"
+        if not value:
+            return {}
+    allowed = 'a mapping of team names to Batch share identifiers, e.g. {"team-a": "teamA"} (or that as JSON)'
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"{where} must be {allowed}; got text that is not JSON") from None
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where} must be {allowed}; got JSON {type(value).__name__}")
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where} ({type(value).__name__}) must be {allowed}")
+    out: dict[str, str] = {}
+    for team, share in value.items():
+        if not isinstance(team, str) or not _TEAM.fullmatch(team):
+            raise ValueError(
+                f"{where} key {team!r} is not a team name (what team= accepts: lower-case letters, digits, '-' "
+                "or '_', 1-63 characters)"
+            )
+        if not isinstance(share, str) or not _SHARE_IDENTIFIER.fullmatch(share):
+            raise ValueError(
+                f"{where}[{team!r}]={share!r} must be 1-255 letters, digits or underscores (a Batch fair-share "
+                "identifier, as in the queue's scheduling policy)"
+            )
+        out[team] = share
+    return out
 
 
 def _text_option(option: str, value: Any, *, config_key: str | None = None, default: str | None = None) -> str | None:
@@ -149,6 +186,9 @@ class BatchBackend(Backend):
     :param log_group: CloudWatch log group of the jobs [``batch_log_group``, default ``/aws/batch/job``].
     :param share_identifier: fair-share identifier for jobs of tasks without ``team=`` on a queue
         with a scheduling policy [``batch_share_identifier``, default ``default``].
+    :param share_identifiers: the fair-share identifier of each team, ``{"team-a": "teamA"}`` (or that
+        mapping as JSON text) [``batch_share_identifiers``, JSON]; a team not in it uses its name
+        with ``-`` written as ``_``.
     :param master_port: ``MASTER_PORT`` of multi-node jobs (default 29500).
     :param multi_node_entry: wrap multi-node commands in a ``/bin/sh`` entry that sets ``NODE_RANK``
         and ``MASTER_ADDR`` from Batch's variables (default true). Turn off if the image has no
@@ -185,6 +225,7 @@ class BatchBackend(Backend):
         secrets: Mapping[str, str] | None = None,
         log_group: str | None = None,
         share_identifier: str | None = None,
+        share_identifiers: Mapping[str, str] | str | None = None,
         master_port: int | str = DEFAULT_MASTER_PORT,
         multi_node_entry: bool | str = True,
     ) -> None:
@@ -204,12 +245,13 @@ class BatchBackend(Backend):
             "share_identifier", share_identifier, config_key="batch_share_identifier", default="default"
         )
         assert share is not None
-        if not re.fullmatch(r"[A-Za-z0-9_]{1,255}", share):
+        if not _SHARE_IDENTIFIER.fullmatch(share):
             raise ValueError(
                 f"share_identifier={share!r} must be 1-255 letters, digits or underscores "
                 "(a Batch fair-share identifier)"
             )
         self.share_identifier = share
+        self.share_identifiers = _parse_share_identifiers(share_identifiers)
         try:
             port = int(str(master_port).strip())
         except ValueError:
@@ -265,6 +307,7 @@ class BatchBackend(Backend):
             "secrets": dict(self.secrets),
             "log_group": self.log_group,
             "share_identifier": self.share_identifier,
+            "share_identifiers": dict(self.share_identifiers),
             "master_port": self.master_port,
             "multi_node_entry": self.multi_node_entry,
         }
@@ -435,8 +478,10 @@ class BatchBackend(Backend):
         return body
 
     def _share(self, team: str | None) -> str:
+        if not team:
+            return self.share_identifier
         # Batch share identifiers allow letters, digits and underscores: team "ml-infra" -> "ml_infra"
-        return _SHARE_UNSAFE.sub("_", team) if team else self.share_identifier
+        return self.share_identifiers.get(team) or _SHARE_UNSAFE.sub("_", team)
 
     def submit(self, request: JobRequest) -> JobHandle:
         """Create the attempt's job, or adopt the job of that name if it exists already.
