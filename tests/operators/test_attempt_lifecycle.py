@@ -61,7 +61,7 @@ def test_an_interruption_nobody_watched_keeps_its_gpu_time(harness: Harness) -> 
         GpuJobOperator(
             task_id="job",
             backend=LocalBackend(state_dir={str(harness.state_dir)!r}, grace_period=1),
-            command={harness.toy_command(str(out), 30, 0.1)},
+            command={harness.toy_command(str(out), 60, 0.1)},
             capacity=SpotFallback(backoff=0),
             checkpoint="file://{harness.tmp / "ckpt"}",
             poll_interval=30,
@@ -198,8 +198,9 @@ def _try(harness: Harness, try_number: int, command: list[str]) -> tuple[subproc
 
 def test_a_zombie_try_does_not_cancel_the_job_its_successor_took_over(harness: Harness) -> None:
     """Issue 18.1: Airflow starts try 2 while try 1's worker still runs, then SIGTERMs try 1."""
-    out = harness.tmp / "out"
-    command = harness.toy_args(str(out), 40, 0.1)
+    release = harness.tmp / "release"
+    # runs until the test releases it: however slow the machine, the job outlives both tries' start
+    command = [sys.executable, "-c", f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)"]
     zombie, _ = _try(harness, 1, command)
     backend = LocalBackend(state_dir=str(harness.state_dir), grace_period=1)
     try:
@@ -208,11 +209,13 @@ def test_a_zombie_try_does_not_cancel_the_job_its_successor_took_over(harness: H
         successor, successor_out = _try(harness, 2, command)
         wait_for(
             lambda: (s := backend.poll([handle])[handle.job_id]) and getattr(s, "owner_try", None) == 2,
-            60,
+            120,
             "try 2 to take the job over",
         )
         zombie.send_signal(signal.SIGTERM)  # what Airflow does to the old worker
-        zombie.wait(timeout=30)
+        zombie.wait(timeout=60)
+        assert _state(backend, handle.job_id) is JobState.RUNNING, "the zombie's on_kill left the job alone"
+        release.touch()
         successor.wait(timeout=120)
         result = json.loads(successor_out.read_text())
         assert result["state"] == "success", result
@@ -220,6 +223,7 @@ def test_a_zombie_try_does_not_cancel_the_job_its_successor_took_over(harness: H
         assert _state(backend, handle.job_id) is JobState.SUCCEEDED
         assert len(backend.list_jobs()) == 1
     finally:
+        release.touch()
         for proc in (zombie,):
             if proc.poll() is None:
                 proc.kill()
