@@ -12,10 +12,10 @@ simulated spot interruptions. The form is user input, so it offers only choices 
 another program or write elsewhere: enums and bounded numbers. The executable, the image and the
 data root come from the deployment, read when the file is parsed:
 
-* ``GPU_PIPELINE_BACKEND`` (default ``local``): the stages' default backend. It shapes the stages:
-  AWS Batch gives whole GPUs only and cannot run multi-node jobs on spot, so there training is one
-  node with spot fallback and inference takes a whole GPU; elsewhere training runs on 2 nodes and
-  inference shares half a GPU.
+* ``GPU_PIPELINE_BACKEND`` (default ``local``): the stages' default backend. Its declared
+  capabilities shape the stages: where multi-node jobs cannot run on spot (AWS Batch), training is
+  one node with spot fallback, else 2 nodes; where GPUs are whole only, inference takes a whole GPU,
+  else it shares half of one.
 * ``GPU_PIPELINE_DATA_ROOT`` (default ``file://$AIRFLOW_HOME/gpu_pipeline_data``): a ``file://`` URI
   of an absolute folder; every stage reads and writes under it, and training prunes old
   checkpoints only under it.
@@ -38,6 +38,7 @@ from airflow.sdk import DAG, Param
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from gpu_provider import Checkpoint, GpuResources, SpotFallback
+from gpu_provider.backends.base import backend_class
 from gpu_provider.operators import GpuJobOperator
 
 
@@ -69,7 +70,7 @@ def _path_segment(text: str) -> str:
 
 
 _BACKEND = os.environ.get("GPU_PIPELINE_BACKEND", "local")
-_ON_BATCH = _BACKEND == "batch"
+_CAPS = backend_class(_BACKEND).capabilities  # what the backend can run: read, not assumed per name
 _BACKENDS = ["local", "batch"]  # the backends this example is shaped for
 _IMAGE = os.environ.get("GPU_PIPELINE_IMAGE", "")
 _DATA_ROOT = _data_root()
@@ -157,7 +158,7 @@ with DAG(
             "{{ params.step_delay }}",
         ],
         # Batch cannot run multi-node jobs on spot: one node there, two elsewhere
-        resources=GpuResources(gpus=1, nodes=1 if _ON_BATCH else 2),
+        resources=GpuResources(gpus=1, nodes=2 if _CAPS.multi_node_spot else 1),
         capacity=SpotFallback(after_preemptions=1, spot_wait_timeout=timedelta(minutes=10)),
         checkpoint=Checkpoint(uri=RUN + "/checkpoints", keep=3),
         team="research",
@@ -179,7 +180,7 @@ with DAG(
             RUN + "/predictions",
         ],
         # Batch gives whole GPUs; elsewhere inference shares one
-        resources=GpuResources(gpus=1 if _ON_BATCH else 0.5),
+        resources=GpuResources(gpus=0.5 if _CAPS.fractional_gpus else 1),
         capacity="spot",
         team="research",
         priority=10,
