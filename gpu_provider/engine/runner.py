@@ -61,6 +61,7 @@ class AttemptRunner:
     :param capacity_wait: the policy's ``spot_wait_timeout`` (applies to spot attempts)
     :param queue_timeout: how long any other attempt may stay queued
     :param execution_timeout: the task's, for messages
+    :param cancel_retry_s: pause before giving up a capacity wait again after its cancel failed
     """
 
     def __init__(
@@ -76,6 +77,7 @@ class AttemptRunner:
         capacity_wait: float | None = None,
         queue_timeout: float | None = None,
         execution_timeout: Any = None,
+        cancel_retry_s: float = 5.0,
     ) -> None:
         self.backend = backend
         self.engine = engine
@@ -87,6 +89,7 @@ class AttemptRunner:
         self.capacity_wait_s = capacity_wait
         self.queue_timeout_s = queue_timeout
         self.execution_timeout = execution_timeout
+        self.cancel_retry_s = cancel_retry_s
 
     def persist(self) -> None:
         self._persist(self.engine.records)
@@ -173,7 +176,9 @@ class AttemptRunner:
                 f"waiting (spot_wait_timeout); given up by {self.label}"
             )
             if not self.cancel(record, reason):
-                return Wait(record)  # never leave a queued job nobody watches: wait, and try again next time
+                # never leave a queued job nobody watches: keep waiting on it, and give the cancel another go
+                self.stop.wait(self.cancel_retry_s)
+                return Wait(record)
             engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
             record.interruption = names.CAPACITY_TIMEOUT
         elif outcome in (QUEUE_TIMEOUT, DEADLINE):

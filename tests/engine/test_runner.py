@@ -34,6 +34,7 @@ def _runner(record: AttemptRecord, saved: list[int] | None = None) -> AttemptRun
         persist=lambda records: (saved if saved is not None else []).append(len(records)),
         capacity_wait=60.0,
         queue_timeout=120.0,
+        cancel_retry_s=0.0,
     )
 
 
