@@ -49,5 +49,5 @@ def test_mapping_form_drops_empty_options_and_names_bad_ones() -> None:
     backend = resolve_backend({"name": "local", "simulate_preemptions": "", "grace_period": "2"})
     assert isinstance(backend, LocalBackend)
     assert backend.simulate_preemptions == () and backend.grace_period == 2.0
-    with pytest.raises(ValueError, match="unknown option\(s\) 'region'; the local backend takes: state_dir"):
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'region'; the local backend takes: state_dir"):
         resolve_backend({"name": "local", "region": "us-east-1"})
