@@ -4,7 +4,7 @@ Nothing in ``gpu_provider`` imports this package: it exists only so that the pro
 exercised end to end against a real HTTP endpoint on one machine, without an AWS account.
 
 * :mod:`emulators.aws_batch` - AWS Batch (and the CloudWatch Logs it writes to) on moto in server mode,
-  with every job's container command run as a local process.
+  with every job's container command run as a local process (:mod:`emulators.aws_batch_jobs`).
 * :mod:`emulators.core` - what every emulator shares: moto's server with a middleware that records
   requests and injects faults (throttling, lost responses).
 """
