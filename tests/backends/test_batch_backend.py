@@ -209,7 +209,10 @@ def test_poll_describes_up_to_100_jobs_per_call(batch: BatchWorld) -> None:
     assert [len(c["jobs"]) for c in calls] == [100, 100, 50]
 
 
-def test_throttled_status_reads_back_off_and_persistent_throttling_is_not_a_failure(batch: BatchWorld) -> None:
+def test_throttled_status_reads_back_off_and_persistent_throttling_is_not_a_failure(
+    batch: BatchWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _without_botocore_retries(batch, monkeypatch)  # the backend's own backoff alone, shortened
     backend = BatchBackend(**batch.queues)
     handle = backend.submit(_request(_py("pass"), task="throttled"))
     batch.emulator.throttle("DescribeJobs", 2)
