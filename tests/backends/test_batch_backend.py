@@ -92,7 +92,7 @@ def test_single_node_job_runs_and_its_request_carries_the_contract(batch: BatchW
     status = _wait_state(backend, handle, JobState.SUCCEEDED, JobState.FAILED)
     assert status.state is JobState.SUCCEEDED, status
     assert status.started_at and status.ended_at and status.ended_at >= status.started_at
-    assert status.gpu_seconds > 0
+    assert status.gpu_seconds > 0 and status.capacity == "on-demand"
     (body,) = batch.bodies("SubmitJob")
     assert body["jobName"] == handle.name
     assert body["jobQueue"] == batch.setup.on_demand_queue

@@ -674,6 +674,7 @@ class BatchBackend(Backend):
                 "latest checkpoint."
             ),
             interruption=names.LOST,
+            capacity=handle.capacity,
         )
 
     def status_of(self, job: Mapping[str, Any], handle: JobHandle) -> JobStatus:
@@ -705,6 +706,7 @@ class BatchBackend(Backend):
             gpu_seconds=gpu_seconds,
             log_url=log_url,
             interruption=interruption,
+            capacity=handle.capacity,  # the attempt's queue decides it (Batch does not report it per job)
             owner_try=int(owner) if owner.isdigit() else None,
             collected=str(tags.get(names.TAG_COLLECTED) or "").lower() == "true",
         )
