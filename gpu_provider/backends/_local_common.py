@@ -166,12 +166,7 @@ def read_json(path: Path) -> dict[str, Any] | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            data = json.loads(fh.read(1 << 24) or b"null")
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return _json_object(fd)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -236,12 +231,7 @@ def read_json_at(dir_fd: int, folder: str, name: str) -> dict[str, Any] | None:
         return None
     finally:
         os.close(folder_fd)
-    try:
-        with os.fdopen(fd, "rb") as fh:
-            data = json.loads(fh.read(1 << 24) or b"null")
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return _json_object(fd)
 
 
 def remove_tree_at(dir_fd: int, name: str) -> None:
@@ -336,3 +326,13 @@ def kill_groups(nodes: Iterable[Mapping[str, Any]], sig: int = signal.SIGKILL) -
         pid = node.get("pid")
         if isinstance(pid, int) and pid > 0:
             signal_group(pid, node.get("pid_start"), sig)
+
+
+def _json_object(fd: int) -> dict[str, Any] | None:
+    """The JSON object in the open file ``fd`` (closed here), or ``None`` if it holds none (at most 16 MiB read)."""
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            data = json.loads(fh.read(1 << 24) or b"null")
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

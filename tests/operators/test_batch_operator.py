@@ -17,6 +17,7 @@ import pytest
 from gpu_provider.backends.base import JobIdentity, JobRequest, TaskKey
 from gpu_provider.backends.batch import CANCEL_PREFIX, BatchBackend
 from gpu_provider.job import GpuResources
+from gpu_provider.names import CAPACITY_TIMEOUT_MARK
 from gpu_provider.triggers.gpu_job import GpuJobTrigger, SharedPoller
 from tests.batch_world import BatchWorld
 from tests.harness import Harness, pid_alive, wait_for
@@ -109,7 +110,14 @@ def test_spot_job_left_runnable_past_its_deadline_is_terminated_and_resubmitted_
     assert (second["capacity"], second["state"]) == ("on-demand", "SUCCEEDED")
     (terminate,) = batch.bodies("TerminateJob")
     assert terminate["jobId"] == first["job_id"]
-    assert terminate["reason"].startswith(CANCEL_PREFIX + "no spot capacity after 2s waiting (spot_wait_timeout)")
+    # marked as a capacity timeout on the job itself, so a lookup after a crash still counts the interruption
+    assert terminate["reason"].startswith(
+        CANCEL_PREFIX + CAPACITY_TIMEOUT_MARK + "no spot capacity after 2s waiting (spot_wait_timeout)"
+    )
+    lookup = BatchBackend(**batch.queues)  # what a retry finds by name after a crash between cancel and save
+    found = {h.job_id: h for h in lookup.find_existing(TaskKey("batch_spot_wait", "job", run.result["run_id"]))}
+    status = lookup.poll([found[first["job_id"]]])[first["job_id"]]
+    assert not isinstance(status, Exception) and status.interruption == "capacity_timeout"
     spot_body, on_demand_body = batch.bodies("SubmitJob")
     assert (spot_body["jobQueue"], on_demand_body["jobQueue"]) == (batch.setup.spot_queue, batch.setup.on_demand_queue)
     assert batch.describe(first["job_id"])["status"] == "FAILED"
