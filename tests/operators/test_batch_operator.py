@@ -156,6 +156,37 @@ def test_worker_crash_then_retry_reattaches_without_a_second_submit(harness: Har
     assert set(_pids(pid_dir)) == {"1-0"}
 
 
+def test_a_retry_adopting_a_succeeded_job_returns_its_declared_output(harness: Harness, batch: BatchWorld) -> None:
+    """Issue 15 defect 2: the job succeeded while no worker watched; the retry used to return output_uri None."""
+    out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
+    dag = harness.write_dag(
+        "batch_adopt",
+        f"""
+        GpuJobOperator(
+            task_id="job",
+            backend={batch.backend_source()},
+            image="trainer:1",
+            command={harness.toy_command(str(out), 3, 0.1)},
+            env={{"PID_DIR": {str(pid_dir)!r}}},
+            poll_interval=600,
+            deferrable=False,
+        )
+        """,
+    )
+    worker, _, _ = harness.start(dag, "batch_adopt")
+    wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the Batch job to start")
+    wait_for(lambda: (out / "result.json").exists(), 60, "the job to finish its work")
+    os.killpg(worker.pid, signal.SIGKILL)  # dies before its next poll (every 10 minutes) could see the end
+    worker.wait(timeout=10)
+
+    run = harness.run(dag, "batch_adopt")
+    task = run.task()
+    assert task["state"] == "success", run.log[-4000:]
+    assert "already succeeded; returning its result" in run.log
+    assert len(batch.bodies("SubmitJob")) == 1
+    assert task["xcom"]["output_uri"] == f"file://{out}"
+
+
 def test_worker_crash_before_the_record_was_saved_is_found_by_job_name(harness: Harness, batch: BatchWorld) -> None:
     """The task state store is empty (the crash came first): ListJobs by job name finds the job."""
     out = harness.tmp / "out"
