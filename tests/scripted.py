@@ -4,6 +4,7 @@ faults (unknown states, failing cancels, logs that cannot be read) that real ser
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -34,6 +35,8 @@ class ScriptedBackend(Backend):
     log_lines: ClassVar[dict[str, list[str]]] = {}
     fail_cancel: ClassVar[int] = 0
     fail_logs: ClassVar[int] = 0
+    #: while set, poll() waits for it to clear (a lock the interrupted code holds, a hung connection)
+    poll_gate: ClassVar[threading.Event | None] = None
 
     def options(self) -> dict[str, Any]:
         return {}
@@ -42,6 +45,8 @@ class ScriptedBackend(Backend):
         raise AssertionError("not used")
 
     def poll(self, handles: Sequence[JobHandle]) -> PollResult:
+        if ScriptedBackend.poll_gate is not None:
+            ScriptedBackend.poll_gate.wait()
         ScriptedBackend.polls.append(len(handles))
         return {h.job_id: self.table[h.job_id] for h in handles}
 
@@ -81,5 +86,8 @@ def scripted() -> Iterator[type[ScriptedBackend]]:
     for log in (ScriptedBackend.polls, ScriptedBackend.cancels, ScriptedBackend.marks):
         log.clear()
     ScriptedBackend.fail_cancel = ScriptedBackend.fail_logs = 0
+    ScriptedBackend.poll_gate = None
     yield ScriptedBackend
+    if ScriptedBackend.poll_gate is not None:
+        ScriptedBackend.poll_gate.set()
     del base._REGISTRY["scripted"]

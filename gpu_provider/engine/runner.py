@@ -43,8 +43,22 @@ def recover(backend: Backend, task: TaskKey, stored: list[AttemptRecord], log: A
     return records
 
 
-def poll_one(backend: Backend, handle: JobHandle) -> JobStatus | None:
-    """One attempt's status, or ``None`` when it cannot be read now."""
+def poll_one(backend: Backend, handle: JobHandle, *, timeout: float | None = None) -> JobStatus | None:
+    """One attempt's status, or ``None`` when it cannot be read now.
+
+    :param timeout: read in a separate thread and give up after this many seconds: from a signal
+        handler, the interrupted code may hold a lock the read needs (a connection pool's, say)
+    """
+    if timeout is None:
+        return _status_of(backend, handle)
+    found: list[JobStatus | None] = []
+    reader = threading.Thread(target=lambda: found.append(_status_of(backend, handle)), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
+def _status_of(backend: Backend, handle: JobHandle) -> JobStatus | None:
     try:
         status = backend.poll([handle]).get(handle.job_id)
     except Exception:

@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 #: the longest ``poll_interval`` accepted (seconds): a status check at least every hour
 MAX_POLL_INTERVAL_S = 3600.0
 
+#: how long ``on_kill`` reads the job's owner before it cancels anyway (seconds)
+ON_KILL_OWNER_READ_S = 1.5
+
 #: task state store key holding this task instance's attempt records (survives worker crashes)
 STATE_KEY = "gpu_provider_attempts"
 
@@ -466,9 +469,12 @@ class GpuJobOperator(BaseOperator):
     def on_kill(self) -> None:
         """Cancel the running attempt: a killed task must leave no GPU job behind.
 
-        Runs in the SIGTERM handler on the task's main thread. It leaves the job alone only when the
-        job says a later try owns it (Airflow replaced this try and the new one reattached); when
-        that cannot be read, it cancels: a job nobody watches must not keep billing.
+        Runs in the SIGTERM handler on the task's main thread, so it waits on nothing the interrupted
+        code may hold: the owner is read in a separate thread for at most ``ON_KILL_OWNER_READ_S``
+        (Airflow sends SIGKILL a few seconds after SIGTERM), and backends cancel the same way. It
+        leaves the job alone only when the job says a later try owns it (Airflow replaced this try
+        and the new one reattached); when that cannot be read in time, it cancels: a job nobody
+        watches must not keep billing.
         """
         self._stop.set()
         handle = self._handle
@@ -476,7 +482,7 @@ class GpuJobOperator(BaseOperator):
             return
         try:
             backend = self._backend or resolve_backend(self.backend)
-            status = poll_one(backend, handle)
+            status = poll_one(backend, handle, timeout=ON_KILL_OWNER_READ_S)
             mine = self._try_number
             if status is not None and status.owner_try is not None and mine is not None and status.owner_try > mine:
                 self.log.info(
