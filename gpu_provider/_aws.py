@@ -18,3 +18,13 @@ def s3_client_for(uri: str, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID) -> An
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
     return AwsBaseHook(aws_conn_id=aws_conn_id or DEFAULT_AWS_CONN_ID, client_type="s3").get_conn()
+
+
+def aws_client(service: str, *, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID, region_name: str | None = None) -> Any:
+    """A boto3 client of ``service`` from the Airflow AWS connection (the amazon provider's ``AwsBaseHook``:
+    credentials, endpoint and ``config_kwargs`` from the connection), in ``region_name`` (``None``: the
+    connection's). boto3 is imported here, when the client is needed, never when a DAG file is parsed."""
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    hook = AwsBaseHook(aws_conn_id=aws_conn_id or DEFAULT_AWS_CONN_ID, client_type=service, region_name=region_name)
+    return hook.get_conn()

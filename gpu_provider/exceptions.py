@@ -47,3 +47,8 @@ class GpuJobStatusError(GpuJobError):
 
     Counted like a failed read for that job alone; the other jobs of the same poll are unaffected.
     """
+
+
+class SpotCapacityError(GpuJobError):
+    """Spot capacity could not be read (EC2 refused the call, e.g. missing permissions): unlike a
+    timeout, ``soft_fail`` does not turn this into a skip."""

@@ -30,8 +30,18 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "operators": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.operators.gpu_job"]}],
-        "sensors": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.sensors.checkpoint"]}],
-        "triggers": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.triggers.gpu_job"]}],
+        "sensors": [
+            {
+                "integration-name": "GPU jobs",
+                "python-modules": ["gpu_provider.sensors.checkpoint", "gpu_provider.sensors.spot_capacity"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "GPU jobs",
+                "python-modules": ["gpu_provider.triggers.gpu_job", "gpu_provider.triggers.spot_capacity"],
+            }
+        ],
         "extra-links": [
             "gpu_provider.links.gpu_job.GpuJobConsoleLink",
             "gpu_provider.links.gpu_job.GpuJobLogsLink",

@@ -1,5 +1,6 @@
 """Sensors. ``from gpu_provider.sensors import CheckpointSensor``."""
 
 from gpu_provider.sensors.checkpoint import CheckpointSensor
+from gpu_provider.sensors.spot_capacity import SpotCapacitySensor
 
-__all__ = ["CheckpointSensor"]
+__all__ = ["CheckpointSensor", "SpotCapacitySensor"]
