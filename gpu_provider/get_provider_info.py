@@ -33,13 +33,21 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": [
             {
                 "integration-name": "GPU jobs",
-                "python-modules": ["gpu_provider.sensors.checkpoint", "gpu_provider.sensors.spot_capacity"],
+                "python-modules": [
+                    "gpu_provider.sensors.checkpoint",
+                    "gpu_provider.sensors.gpu_job",
+                    "gpu_provider.sensors.spot_capacity",
+                ],
             }
         ],
         "triggers": [
             {
                 "integration-name": "GPU jobs",
-                "python-modules": ["gpu_provider.triggers.gpu_job", "gpu_provider.triggers.spot_capacity"],
+                "python-modules": [
+                    "gpu_provider.triggers.gpu_job",
+                    "gpu_provider.triggers.gpu_job_watch",
+                    "gpu_provider.triggers.spot_capacity",
+                ],
             }
         ],
         "extra-links": [

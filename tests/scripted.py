@@ -19,6 +19,7 @@ from gpu_provider.backends.base import (
     LogChunk,
     PollResult,
     TaskKey,
+    lookup_key,
     register_backend,
 )
 from gpu_provider.exceptions import GpuJobStatusError
@@ -33,6 +34,8 @@ class ScriptedBackend(Backend):
     cancels: ClassVar[list[tuple[str, str]]] = []
     marks: ClassVar[list[tuple[str, int | None, bool]]] = []
     log_lines: ClassVar[dict[str, list[str]]] = {}
+    #: the jobs ``lookup`` finds (a test adds the handles it wants found)
+    handles: ClassVar[dict[str, JobHandle]] = {}
     fail_cancel: ClassVar[int] = 0
     fail_logs: ClassVar[int] = 0
     #: while set, poll() waits for it to clear (a lock the interrupted code holds, a hung connection)
@@ -63,6 +66,14 @@ class ScriptedBackend(Backend):
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         return []
 
+    def lookup(self, *, job_id: str | None = None, name: str | None = None) -> JobHandle | None:
+        field_name, value = lookup_key(job_id, name)
+        found = [h for h in self.handles.values() if value == (h.job_id if field_name == "job_id" else h.name)]
+        return found[-1] if found else None
+
+    def task_of(self, handle: JobHandle) -> TaskKey | None:
+        return None
+
     def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = 1 << 20) -> LogChunk:
         if ScriptedBackend.fail_logs:
             ScriptedBackend.fail_logs -= 1
@@ -81,7 +92,7 @@ def scripted() -> Iterator[type[ScriptedBackend]]:
     from gpu_provider.backends import base
 
     register_backend("scripted", f"{__name__}.ScriptedBackend")
-    for table in (ScriptedBackend.table, ScriptedBackend.log_lines):
+    for table in (ScriptedBackend.table, ScriptedBackend.log_lines, ScriptedBackend.handles):
         table.clear()
     for log in (ScriptedBackend.polls, ScriptedBackend.cancels, ScriptedBackend.marks):
         log.clear()

@@ -271,6 +271,29 @@ def clip_line(line: str, limit: int = MAX_LOG_LINE_CHARS) -> str:
     return f"{line[:limit]} ... [line cut: {len(line) - limit} more characters]"
 
 
+def lookup_key(job_id: str | None, name: str | None) -> tuple[str, str]:
+    """``("job_id", value)`` or ``("name", value)`` for :meth:`Backend.lookup`: exactly one, a non-empty string."""
+    given = [(field, value) for field, value in (("job_id", job_id), ("name", name)) if value is not None]
+    if len(given) != 1:
+        raise ValueError(f"lookup takes exactly one of job_id= and name=; got {[f for f, _ in given] or 'neither'}")
+    field_name, value = given[0]
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{field_name}={value!r} must be a non-empty string")
+    return field_name, value.strip()
+
+
+def task_from_tags(tags: Mapping[str, Any]) -> TaskKey | None:
+    """The task instance named by a job's tags/labels (:meth:`JobIdentity.tags`), ``None`` without them."""
+    dag_id, task_id, run_id = (tags.get(k) for k in (names.TAG_DAG_ID, names.TAG_TASK_ID, names.TAG_RUN_ID))
+    if not (dag_id and task_id and run_id):
+        return None
+    try:
+        map_index = int(tags.get(names.TAG_MAP_INDEX) or -1)
+    except ValueError:
+        return None
+    return TaskKey(str(dag_id), str(task_id), str(run_id), map_index)
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a backend can run, declared once: :meth:`Backend.validate`, the README and the example
@@ -413,6 +436,22 @@ class Backend(ABC):
     @abstractmethod
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt this backend knows for a task instance, oldest first (used to reattach)."""
+
+    @abstractmethod
+    def lookup(self, *, job_id: str | None = None, name: str | None = None) -> JobHandle | None:
+        """The handle of one job given its id or its name (exactly one), or ``None`` when the backend
+        has no such job. Used by ``GpuJobSensor`` to wait on a job it did not submit.
+
+        The job need not have been submitted by this provider. Where a name is not unique (Batch),
+        the newest active job of that name is taken, else the newest. Bad input (both or neither
+        given, a value no job of this service can have) raises ``ValueError``.
+        """
+
+    @abstractmethod
+    def task_of(self, handle: JobHandle) -> TaskKey | None:
+        """The task instance an attempt belongs to, read from the job's own tags/labels/records; ``None``
+        when the job was not submitted by this provider or the service no longer knows it. With
+        :meth:`find_existing`, this finds the attempts that followed it (a resubmit after a preemption)."""
 
     @abstractmethod
     def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = LOG_READ_BYTES) -> LogChunk:

@@ -74,6 +74,7 @@ from gpu_provider.backends.base import (
     LogChunk,
     PollResult,
     TaskKey,
+    lookup_key,
     map_state,
     provider_config,
 )
@@ -758,6 +759,29 @@ class LocalBackend(Backend):
         """Every attempt of exactly this task instance found in the state directory, oldest attempt first."""
         handles = [JobHandle.from_dict(req["handle"]) for req in self._requests(task) if "handle" in req]
         return sorted(handles, key=lambda h: (h.attempt, h.submitted_at, h.job_id))
+
+    def lookup(self, *, job_id: str | None = None, name: str | None = None) -> JobHandle | None:
+        """A job by id (its folder's name; today also its attempt name) or by attempt name, else ``None``."""
+        field_name, value = lookup_key(job_id, name)
+        if "/" in value or "\0" in value or value.startswith("."):
+            # never a path: the value may come from a template, and folders outside jobs/ are not jobs
+            raise ValueError(f"{field_name}={value!r}: local job ids and names hold no '/' and do not start with '.'")
+        folder = self._jobs_dir() / value
+        # its own folder first; folders of older versions carry a random suffix after the name
+        first = [folder] if folder.is_dir() and not folder.is_symlink() else []
+        for job_dir in [*first, *self._job_dirs()]:
+            req = common.read_json(job_dir / common.REQUEST_FILE)
+            if req is not None and "handle" in req:
+                handle = JobHandle.from_dict(req["handle"])
+                if value == (handle.job_id if field_name == "job_id" else handle.name):
+                    return handle
+        return None
+
+    def task_of(self, handle: JobHandle) -> TaskKey | None:
+        """The task instance recorded in the job's ``request.json`` (``None`` once its folder is gone)."""
+        req = common.read_json(self._job_dir(handle) / common.REQUEST_FILE)
+        task = (req or {}).get("task")
+        return TaskKey(**task) if isinstance(task, dict) else None
 
     def list_jobs(self) -> list[JobHandle]:
         """Every job in the state directory, of any task, oldest submission first (cleanup, reaper)."""

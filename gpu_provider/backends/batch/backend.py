@@ -41,8 +41,10 @@ from gpu_provider.backends.base import (
     PollResult,
     TaskKey,
     _slug,
+    lookup_key,
     map_state,
     provider_config,
+    task_from_tags,
 )
 from gpu_provider.backends.batch.calls import (
     PATIENT_ATTEMPTS,
@@ -763,6 +765,42 @@ class BatchBackend(Backend):
             if job_id in details and _owned_by(details[job_id], task)
         ]
         return sorted(handles, key=lambda h: (h.attempt, h.submitted_at))
+
+    def lookup(self, *, job_id: str | None = None, name: str | None = None) -> JobHandle | None:
+        """A job by id (DescribeJobs) or by name (ListJobs ``JOB_NAME`` on the configured queues; of
+        several jobs with that name, the newest active one, else the newest), else ``None``."""
+        field_name, value = lookup_key(job_id, name)
+        if field_name == "job_id":
+            for job in self._describe([value], attempts=PATIENT_ATTEMPTS):
+                if str(job.get("jobId")) == value:
+                    # DescribeJobs names the queue by its ARN; handles carry the name the queues were given as
+                    ref = str(job.get("jobQueue") or "")
+                    short = ref.rpartition("job-queue/")[2]
+                    queue = next((q for q in (self.spot_queue, self.on_demand_queue) if q in (ref, short)), short)
+                    return self._handle_of(job, queue, {})
+            return None
+        if "*" in value:
+            raise ValueError(f"name={value!r}: a job name, not a pattern ('*' is not allowed)")
+        found: dict[str, tuple[str, dict[str, Any]]] = {}
+        for queue in dict.fromkeys(q for q in (self.spot_queue, self.on_demand_queue) if q):
+            for summary in self._list_by_name(queue, value):
+                if str(summary.get("jobName") or "") == value:
+                    found[str(summary["jobId"])] = (queue, summary)
+        if not found:
+            return None
+        jobs = self._describe(list(found), attempts=PATIENT_ATTEMPTS)
+        jobs.sort(key=lambda j: (str(j.get("status")) not in ("SUCCEEDED", "FAILED"), int(j.get("createdAt") or 0)))
+        if not jobs:
+            return None
+        queue, summary = found[str(jobs[-1]["jobId"])]
+        return self._handle_of(jobs[-1], queue, summary)
+
+    def task_of(self, handle: JobHandle) -> TaskKey | None:
+        """The task instance in the job's tags (one DescribeJobs); ``None`` for a job without them or one gone."""
+        for job in self._describe([handle.job_id], attempts=PATIENT_ATTEMPTS):
+            if str(job.get("jobId")) == handle.job_id:
+                return task_from_tags(job.get("tags") or {})
+        return None
 
     # --- logs and links --------------------------------------------------------------------------
 
