@@ -8,6 +8,8 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from emulators.aws_ec2 import Ec2SpotEmulator
@@ -30,9 +32,25 @@ def _run(harness: Harness, ec2: Ec2SpotEmulator, wait_s: float) -> object:
     return harness.run(dag_file, "gpu_spot_routing", extra_env=env)
 
 
+def _raise_scores_once_deferred(ec2: Ec2SpotEmulator) -> threading.Thread:
+    """Set a high score once the trigger has read twice (the worker read first), so success comes deferred."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(ec2.requests("GetSpotPlacementScores")) < 3:
+            time.sleep(0.05)
+        ec2.set_scores({"us-east-1": 4, "us-west-2": 9})
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_capacity_there_runs_the_spot_branch(harness: Harness, ec2_spot: Ec2SpotEmulator) -> None:
-    ec2_spot.set_scores({"us-east-1": 4, "us-west-2": 9})
+    ec2_spot.set_scores({"us-east-1": 4, "us-west-2": 2})
+    watcher = _raise_scores_once_deferred(ec2_spot)
     run = _run(harness, ec2_spot, wait_s=60)
+    watcher.join(5)
     assert run.result["state"].endswith("success"), run.log[-4000:]  # type: ignore[attr-defined]
     states = {t: v["state"] for t, v in run.result["tasks"].items()}  # type: ignore[attr-defined]
     assert states == {
@@ -46,6 +64,8 @@ def test_capacity_there_runs_the_spot_branch(harness: Harness, ec2_spot: Ec2Spot
     assert (found["satisfied_by"], found["region"], found["score"]) == ("score", "us-west-2", 9)
     assert run.task("report")["xcom"] == {"ran": "train_spot", "capacity": "spot"}  # type: ignore[attr-defined]
     assert "training on spot capacity in us-west-2" in run.log  # type: ignore[attr-defined]
+    assert "Spot capacity found: spot placement scores: us-east-1 4, us-west-2 9" in run.log  # type: ignore[attr-defined]
+    assert len(ec2_spot.requests("GetSpotPlacementScores")) >= 4  # worker, then the trigger until the score came
     asked = ec2_spot.requests("GetSpotPlacementScores")[0]["body"]
     assert (asked["TargetCapacity"], asked["InstanceType.1"], asked["InstanceType.2"]) == (
         "4",

@@ -19,6 +19,8 @@ from emulators.aws_ec2 import Ec2SpotEmulator
 from gpu_provider.exceptions import SpotCapacityError
 from gpu_provider.sensors import SpotCapacitySensor
 from gpu_provider.triggers.spot_capacity import SpotCapacityTrigger
+from tests.ec2_world import ec2_connection_env
+from tests.harness import Harness
 
 TYPES = ["g5.2xlarge", "g6.2xlarge"]
 REGIONS = ["us-east-1", "us-west-2"]
@@ -324,3 +326,32 @@ def test_valid_names_are_accepted() -> None:
     )
     assert wait.poke_interval == 120 and wait.timeout == 3600  # the default timeout: one hour
     assert wait.query.max_price == 98.32 and wait.mode == "reschedule"
+
+
+# ---------------------------------------------------------------------- reschedule mode, in Airflow
+
+
+def test_reschedule_mode_frees_the_worker_between_readings(harness: Harness, ec2_spot: Ec2SpotEmulator) -> None:
+    ec2_spot.set_scores({"us-east-1": 2})
+
+    def raise_later() -> None:  # after two rescheduled readings
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(ec2_spot.requests("GetSpotPlacementScores")) < 2:
+            time.sleep(0.05)
+        ec2_spot.set_scores({"us-east-1": 8})
+
+    watcher = threading.Thread(target=raise_later, daemon=True)
+    watcher.start()
+    dag_file = harness.write_dag(
+        "spot_reschedule",
+        """
+        from gpu_provider.sensors import SpotCapacitySensor
+        job = SpotCapacitySensor(task_id="job", instance_types=["g5.xlarge"], regions=["us-east-1"], min_score=8,
+                                 deferrable=False, mode="reschedule", poll_interval=0.5, timeout=60)
+        """,
+    )
+    run = harness.run(dag_file, "spot_reschedule", extra_env=ec2_connection_env(ec2_spot))
+    watcher.join(5)
+    assert run.result["state"].endswith("success"), run.log[-4000:]
+    assert run.task()["xcom"]["score"] == 8
+    assert run.log.count("Rescheduling task") >= 1  # the worker was given back between readings
