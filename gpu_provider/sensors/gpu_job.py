@@ -30,6 +30,7 @@ from gpu_provider.backends.base import (
     resolve_backend,
 )
 from gpu_provider.exceptions import (
+    GpuBackendThrottledError,
     GpuJobCancelledError,
     GpuJobError,
     GpuJobFailedError,
@@ -183,10 +184,14 @@ class GpuJobSensor(BaseSensorOperator):
     def _where(backend: Backend, handle: JobHandle) -> str:
         return f"{backend.name} job {handle.name} (id {handle.job_id}, attempt {handle.attempt}, {handle.capacity})"
 
-    @staticmethod
-    def _status(backend: Backend, handle: JobHandle) -> JobStatus | None:
-        """The job's status now; ``None`` when this one job's status could not be read (the wait goes on)."""
-        entry = backend.poll([handle]).get(handle.job_id)
+    def _status(self, backend: Backend, handle: JobHandle) -> JobStatus | None:
+        """The job's status now; ``None`` when it could not be read this time: this one job's entry was an
+        error, or the service throttled the call (it answered; the wait goes on, as in the trigger)."""
+        try:
+            entry = backend.poll([handle]).get(handle.job_id)
+        except GpuBackendThrottledError as err:
+            self.log.warning("%s; still waiting for job %s.", err, handle.job_id)
+            return None
         return entry if isinstance(entry, JobStatus) else None
 
     # ------------------------------------------------------------------ deferred (default)
@@ -283,6 +288,13 @@ class GpuJobSensor(BaseSensorOperator):
         """One look at the job (and, when following, at the attempts after it). In ``reschedule`` mode
         every poke starts again from the named job: nothing is kept between pokes but the job itself."""
         backend = resolve_backend(self.backend)
+        try:
+            return self._poke(context, backend)
+        except GpuBackendThrottledError as err:  # the service answered, only asked us to slow down: not yet
+            self.log.warning("%s; looking again at the next poke.", err)
+            return False
+
+    def _poke(self, context: Context, backend: Backend) -> bool | PokeReturnValue:
         handle = self._current or self._find(backend)
         follow = self._follow
         while True:

@@ -21,6 +21,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from gpu_provider import names
 from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, JobStatus, TaskKey
 from gpu_provider.backends.batch import BatchBackend
+from gpu_provider.backends.batch import calls as batch_calls
 from gpu_provider.backends.local import LocalBackend
 from gpu_provider.job import GpuResources
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY
@@ -275,6 +276,29 @@ def test_batch_jobs_success_failure_cancel_deferred_and_poke(harness: Harness, b
     assert (
         f"batch job {gone.name} (id {gone.job_id}, attempt 1, on-demand) was CANCELLED: stopped by a person" in run.log
     )
+
+
+def test_a_throttled_poke_is_not_yet_and_the_next_one_reads_the_job(
+    batch: BatchWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # botocore's own retries off and the backend's backoff shortened: persistent throttling shows at once
+    extra = {
+        "endpoint_url": batch.emulator.endpoint_url,
+        "region_name": batch.emulator.region,
+        "config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": 1}},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": extra}))
+    monkeypatch.setattr(batch_calls, "BASE_DELAY_S", 0.01, raising=False)
+    backend = BatchBackend(**batch.queues)
+    handle = backend.submit(_request(_task("throttled"), _py("print('done')")))
+    sensor = GpuJobSensor(task_id="s", backend=backend, job_id=handle.job_id, deferrable=False, poll_interval=0.2)
+    ti = _TaskInstance()
+    batch.emulator.throttle("DescribeJobs", 1)  # every call
+    assert sensor.poke({"ti": ti}) is False  # type: ignore[arg-type]
+    assert any(r["throttled"] for r in batch.emulator.requests("DescribeJobs"))
+    batch.emulator.throttle("DescribeJobs", 0)
+    done = wait_for(lambda: sensor.poke({"ti": ti}), 30, "the sensor to see the job succeed")  # type: ignore[arg-type]
+    assert done.xcom_value["job_id"] == handle.job_id and done.xcom_value["state"] == "SUCCEEDED"
 
 
 # --- the trigger ---------------------------------------------------------------------------------
