@@ -93,6 +93,8 @@ class SpotCapacitySensor(BaseSensorOperator):
         timeout: float | timedelta = DEFAULT_TIMEOUT_S,
         **kwargs: Any,
     ) -> None:
+        if aws_conn_id is not None and not isinstance(aws_conn_id, str):
+            raise TypeError(f"aws_conn_id={aws_conn_id!r} must be an Airflow connection id (a string) or None")
         if "poke_interval" in kwargs:
             raise TypeError("pass poll_interval=, not poke_interval=, to SpotCapacitySensor")
         if not isinstance(deferrable, bool):

@@ -4,6 +4,9 @@ and the same calls answered through the Batch emulator's endpoint (one server fo
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -12,6 +15,7 @@ from botocore.exceptions import ClientError
 
 from emulators.aws_ec2 import Ec2SpotEmulator
 from tests.batch_world import BatchWorld
+from tests.harness import REPO
 
 NOW = datetime.now(timezone.utc)
 
@@ -92,3 +96,25 @@ def test_the_batch_emulators_endpoint_answers_the_spot_calls_too(ec2_spot: Ec2Sp
     assert scores["SpotPlacementScores"] == [{"Region": "us-east-1", "Score": 6}]
     assert batch.emulator.client("batch").describe_job_queues(jobQueues=[batch.setup.spot_queue])["jobQueues"]
     assert len(ec2_spot.requests("GetSpotPlacementScores")) == 1
+
+
+def test_without_a_server_of_its_own_it_serves_through_one_that_runs() -> None:
+    # in a child process: one emulator per process, and this worker's session emulator is installed
+    code = textwrap.dedent(
+        """
+        from moto.server import ThreadedMotoServer
+        from emulators.aws_ec2 import Ec2SpotEmulator
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        with Ec2SpotEmulator(endpoint_url=f"http://{host}:{port}") as ec2:
+            ec2.set_scores({"eu-west-1": 7})
+            answer = ec2.client().get_spot_placement_scores(InstanceTypes=["g5.xlarge"], TargetCapacity=1)
+            print(answer["SpotPlacementScores"], len(ec2.requests()))
+        server.stop()
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert out.strip().splitlines()[-1] == "[{'Region': 'eu-west-1', 'Score': 7}] 1"

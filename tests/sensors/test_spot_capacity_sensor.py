@@ -304,6 +304,7 @@ def test_an_ec2_error_fails_the_sensor_and_the_trigger(
         ({"timeout": -5}, ValueError, r"timeout=-5"),
         ({"mode": "reschedule"}, ValueError, r"mode='reschedule' applies only with deferrable=False"),
         ({"deferrable": "yes"}, TypeError, r"deferrable='yes' must be True or False"),
+        ({"aws_conn_id": 42}, TypeError, r"aws_conn_id=42 must be an Airflow connection id"),
     ],
 )
 def test_bad_arguments_are_refused_at_parse_time_naming_the_field(
