@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 #: how long the sensor waits by default: long enough for capacity to come back, short enough that
 #: the on-demand fallback of the DAG still starts the same hour
 DEFAULT_TIMEOUT_S = 3600.0
-#: seconds between readings by default: EC2 recomputes scores and prices on a scale of minutes
+#: seconds between readings by default: scores and prices change slowly
 DEFAULT_POLL_INTERVAL_S = 300.0
 MAX_POLL_INTERVAL_S = 3600.0
 #: how much longer Airflow's own deferral timeout is than the trigger's deadline (a backstop only)
@@ -67,7 +67,7 @@ class SpotCapacitySensor(BaseSensorOperator):
         (SageMaker ``ml.`` names are refused).
     :param regions: AWS regions it may run in, e.g. ``["us-east-1", "us-west-2"]`` (at most 10).
     :param target_capacity: instances the job needs (default 1).
-    :param min_score: the spot placement score to wait for, 1-10 (EC2 suggests 8 or more).
+    :param min_score: the spot placement score to wait for, 1-10 (10: a spot request is most likely to succeed).
     :param max_price: the spot price to wait for, USD per instance-hour.
     :param aws_conn_id: the Airflow AWS connection (default ``aws_default``).
     :param deferrable: wait in the triggerer (default ``True``).
