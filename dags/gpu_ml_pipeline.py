@@ -1,4 +1,10 @@
-"""Example ML pipeline: preprocess -> distributed training (2 nodes) -> batch inference.
+"""Example ML pipeline: preprocess -> distributed training (2 nodes) -> batch inference, with an evaluation branch.
+
+While training runs, a ``CheckpointSensor`` waits for its first checkpoint and an ``evaluate`` job
+then evaluates every new checkpoint on the test split, until training ends::
+
+    preprocess -> train -----------------------------> batch_inference
+               -> wait_for_checkpoint -> evaluate
 
 Every stage is a ``GpuJobOperator`` running one of the example job programs shipped in the package
 (``python -m gpu_provider.examples.<stage>``), so the pipeline runs from a pip install and from a
@@ -40,6 +46,7 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 from gpu_provider import Checkpoint, GpuResources, SpotFallback
 from gpu_provider.backends.base import backend_class
 from gpu_provider.operators import GpuJobOperator
+from gpu_provider.sensors import CheckpointSensor
 
 
 def _data_root() -> str:
@@ -80,6 +87,8 @@ _PYTHON = {"local": sys.executable, "batch": "python"}
 
 WEEK = _DATA_ROOT + "/{{ data_interval_start | ds }}"
 RUN = WEEK + "/runs/{{ run_id | path_segment }}"
+CHECKPOINTS = RUN + "/checkpoints"
+MODEL = RUN + "/model"
 
 
 def _stage(stage: str, backend_param: str) -> list[str]:
@@ -89,7 +98,8 @@ def _stage(stage: str, backend_param: str) -> list[str]:
 
 with DAG(
     dag_id="gpu_ml_pipeline",
-    description="preprocess -> 2-node training with spot fallback and checkpoint-resume -> batch inference",
+    description="preprocess -> 2-node training with spot fallback and checkpoint-resume -> batch inference; "
+    "each checkpoint evaluated while training runs",
     # weekly data intervals (Monday to Monday, UTC): each run trains on its week, a backfill on past weeks
     schedule=CronDataIntervalTimetable("0 0 * * 1", timezone="UTC"),
     start_date=datetime(2026, 1, 5),
@@ -104,6 +114,7 @@ with DAG(
         "preprocess_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: preprocess"),
         "train_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: training"),
         "infer_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: inference"),
+        "evaluate_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: checkpoint evaluation"),
         "epochs": Param(4, type="integer", minimum=1, maximum=100, title="Training epochs"),
         "step_delay": Param(
             0.05, type="number", minimum=0, maximum=10, title="Seconds per training step (slows the toy model down)"
@@ -151,7 +162,7 @@ with DAG(
             "--data",
             "{{ ti.xcom_pull(task_ids='preprocess')['output_uri'] }}",
             "--out",
-            RUN + "/model",
+            MODEL,
             "--epochs",
             "{{ params.epochs }}",
             "--step-delay",
@@ -160,7 +171,7 @@ with DAG(
         # Batch cannot run multi-node jobs on spot: one node there, two elsewhere
         resources=GpuResources(gpus=1, nodes=2 if _CAPS.multi_node_spot else 1),
         capacity=SpotFallback(after_preemptions=1, spot_wait_timeout=timedelta(minutes=10)),
-        checkpoint=Checkpoint(uri=RUN + "/checkpoints", keep=3),
+        checkpoint=Checkpoint(uri=CHECKPOINTS, keep=3),
         team="research",
         priority=20,
         max_runtime=timedelta(hours=2),
@@ -187,4 +198,47 @@ with DAG(
         max_runtime=timedelta(minutes=10),
     )
 
+    # The evaluation branch: it starts with training's first checkpoint and ends with training.
+    # Reschedule mode, not deferral: `airflow dags test` (and `make demo`) runs one task at a time and a
+    # deferred task's trigger in line, so a deferred sensor picked before `train` would wait for a
+    # checkpoint nobody writes. In reschedule mode it gives its slot back between looks, as deferral would.
+    wait_for_checkpoint = CheckpointSensor(
+        task_id="wait_for_checkpoint",
+        uri=CHECKPOINTS,
+        deferrable=False,
+        mode="reschedule",
+        poll_interval=10,
+        timeout=timedelta(hours=2),
+    )
+
+    evaluate = GpuJobOperator(
+        task_id="evaluate",
+        backend="{{ params.evaluate_backend }}",
+        image=_IMAGE,
+        command=[
+            *_stage("evaluate", "evaluate_backend"),
+            "--checkpoints",
+            CHECKPOINTS,
+            "--data",
+            "{{ ti.xcom_pull(task_ids='preprocess')['output_uri'] }}",
+            # training has ended once its metrics.json is in this folder
+            "--model",
+            MODEL,
+            "--out",
+            RUN + "/evaluations",
+            "--poll-interval",
+            "1",
+            # as long as training may run (its max_runtime); then the job says training did not end
+            "--max-wait",
+            "7200",
+        ],
+        resources=GpuResources(gpus=0.5 if _CAPS.fractional_gpus else 1),
+        capacity="on_demand",
+        team="research",
+        priority=5,
+        max_runtime=timedelta(hours=2, minutes=10),
+        retries=0,  # a retry would wait for training again: the run's train task decides the outcome
+    )
+
     preprocess >> train >> infer
+    preprocess >> wait_for_checkpoint >> evaluate

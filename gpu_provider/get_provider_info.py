@@ -44,6 +44,7 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "GPU jobs",
                 "python-modules": [
+                    "gpu_provider.triggers.checkpoint",
                     "gpu_provider.triggers.gpu_job",
                     "gpu_provider.triggers.gpu_job_watch",
                     "gpu_provider.triggers.spot_capacity",

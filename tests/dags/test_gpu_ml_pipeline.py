@@ -19,7 +19,15 @@ from tests.harness import REPO, Harness
 
 DAG_FILE = REPO / "dags" / "gpu_ml_pipeline.py"
 #: what the trigger form offers: backends (enums), epochs and pacing (bounded numbers), a checked list of seconds
-FORM = {"preprocess_backend", "train_backend", "infer_backend", "epochs", "step_delay", "simulate_preemption_after"}
+FORM = {
+    "preprocess_backend",
+    "train_backend",
+    "infer_backend",
+    "evaluate_backend",
+    "epochs",
+    "step_delay",
+    "simulate_preemption_after",
+}
 
 
 def load_dag(monkeypatch: pytest.MonkeyPatch, **env: str) -> Any:
@@ -39,8 +47,17 @@ def test_dag_file_parses_without_import_errors(airflow_home: Path) -> None:
     bag = DagBag(dag_folder=str(DAG_FILE))
     assert bag.import_errors == {}
     dag = bag.dags["gpu_ml_pipeline"]
-    assert [t.task_id for t in dag.topological_sort()] == ["preprocess", "train", "batch_inference"]
+    assert {t.task_id: t.upstream_task_ids for t in dag.tasks} == {
+        "preprocess": set(),
+        "train": {"preprocess"},
+        "batch_inference": {"train"},
+        # the evaluation branch runs next to training, not after it
+        "wait_for_checkpoint": {"preprocess"},
+        "evaluate": {"wait_for_checkpoint"},
+    }
     train = dag.get_task("train")
+    sensor = dag.get_task("wait_for_checkpoint")
+    assert sensor.uri == train.checkpoint_uri and sensor.mode == "reschedule"
     assert (train.pool, train.pool_slots, train.priority_weight) == ("gpu_research", 2, 20)
     assert {"train_backend", "epochs", "simulate_preemption_after"} <= set(dag.params)
 
@@ -75,6 +92,21 @@ def test_pipeline_runs_end_to_end_with_one_interruption(harness: Harness) -> Non
         assert {"w1", "b1", "w2", "b2"} <= set(params.files)
     metrics = json.loads((Path(infer["output_uri"].removeprefix("file://")) / "metrics.json").read_text())
     assert metrics["accuracy"] > 0.8
+    _check_evaluation(run, train)
+
+
+def _check_evaluation(run: Any, train: dict[str, Any]) -> None:
+    """The evaluation branch: the sensor saw a published checkpoint of this run's training, the job evaluated
+    checkpoints of that run and stopped because training ended."""
+    seen, evaluate = run.task("wait_for_checkpoint")["xcom"], run.task("evaluate")["xcom"]
+    assert seen["checkpoint"].startswith(train["checkpoint_uri"] + "/ckpt-") and seen["step"] > 0
+    assert evaluate["state"] == "SUCCEEDED" and evaluate["capacity"] == "on-demand"
+    report = json.loads((Path(evaluate["output_uri"].removeprefix("file://")) / "evaluations.json").read_text())
+    assert report["training_finished"] is True
+    steps = [e["step"] for e in report["evaluations"]]
+    assert steps and steps == sorted(set(steps)) and steps[-1] >= seen["step"], steps
+    assert all(e["checkpoint"].startswith(train["checkpoint_uri"] + "/ckpt-") for e in report["evaluations"])
+    assert report["best"]["test_accuracy"] > 0.8
 
 
 def test_pipeline_runs_on_batch_with_a_reclaimed_spot_host(harness: Harness, batch: BatchWorld) -> None:
@@ -99,8 +131,8 @@ def test_pipeline_runs_on_batch_with_a_reclaimed_spot_host(harness: Harness, bat
         },
     )
     assert run.result["state"].endswith("success"), run.log[-4000:]
-    prep, train, infer = (run.task(t)["xcom"] for t in ("preprocess", "train", "batch_inference"))
-    assert {prep["backend"], train["backend"], infer["backend"]} == {"batch"}
+    prep, train, infer, evaluate = (run.task(t)["xcom"] for t in ("preprocess", "train", "batch_inference", "evaluate"))
+    assert {prep["backend"], train["backend"], infer["backend"], evaluate["backend"]} == {"batch"}
     assert prep["output_uri"] == f"file://{data_root}/2026-02-23/dataset", "declared in the job's log"
     assert [(a["capacity"], a["state"], a["queue"]) for a in train["attempts"]] == [
         ("spot", "PREEMPTED", batch.setup.spot_queue),
@@ -113,7 +145,8 @@ def test_pipeline_runs_on_batch_with_a_reclaimed_spot_host(harness: Harness, bat
     assert {d["type"] for d in definitions.values()} == {"container"}
     assert {d["containerProperties"]["image"] for d in definitions.values()} == {"gpu-pipeline:test"}
     submits = batch.bodies("SubmitJob")
-    assert [b["jobQueue"] for b in submits] == [
+    assert [b["jobQueue"] for b in submits if "-evaluate-" in b["jobName"]] == [batch.setup.on_demand_queue]
+    assert [b["jobQueue"] for b in submits if "-evaluate-" not in b["jobName"]] == [
         batch.setup.on_demand_queue,
         batch.setup.spot_queue,
         batch.setup.on_demand_queue,
@@ -121,6 +154,7 @@ def test_pipeline_runs_on_batch_with_a_reclaimed_spot_host(harness: Harness, bat
     ]
     metrics = json.loads((Path(infer["output_uri"].removeprefix("file://")) / "metrics.json").read_text())
     assert metrics["accuracy"] > 0.8
+    _check_evaluation(run, train)
 
 
 # ------------------------------------------------------------------------------------------ the trigger form
@@ -142,7 +176,9 @@ def test_the_form_offers_no_executable_image_or_path(airflow_home: Path, monkeyp
     }
     assert used <= FORM, used - FORM
     # the executable is chosen by the backend enum from values fixed in the DAG file; the program is a module
-    for task in dag.tasks:
+    jobs = [task for task in dag.tasks if task.task_id != "wait_for_checkpoint"]
+    assert len(jobs) == 4
+    for task in jobs:
         stage = task.task_id.replace("batch_inference", "infer")
         assert task.command[:3] == [
             f"{{{{ job_python[params.{stage}_backend] }}}}",
@@ -221,7 +257,7 @@ def test_conf_keys_outside_the_form_have_no_effect(harness: Harness) -> None:
     assert run.result["state"].endswith("success"), run.log[-4000:]
     assert not marker.exists(), "the interpreter from the conf ran"
     assert not elsewhere.exists(), "something was written under the data root from the conf"
-    outputs = [run.task(t)["xcom"]["output_uri"] for t in ("preprocess", "train", "batch_inference")]
+    outputs = [run.task(t)["xcom"]["output_uri"] for t in ("preprocess", "train", "batch_inference", "evaluate")]
     assert all(uri.startswith(data_root.as_uri() + "/2026-02-23/") for uri in outputs), outputs
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-STAGES = ("preprocess", "train", "infer")
+STAGES = ("preprocess", "train", "evaluate", "infer")
 
 
 @pytest.mark.parametrize("stage", STAGES)

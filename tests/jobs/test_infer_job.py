@@ -31,7 +31,7 @@ def test_infer_end_to_end(dataset: Path, launcher: Launcher, tmp_path: Path) -> 
     assert f"infer: {len(labels)} rows, accuracy" in job.output
 
 
-@pytest.mark.parametrize("program", ["preprocess", "train", "infer"])
+@pytest.mark.parametrize("program", ["preprocess", "train", "evaluate", "infer"])
 def test_help_says_which_uris_work(program: str, launcher: Launcher) -> None:
     job = launcher.run(program, ["--help"])
     assert "file://" in job.output and "s3://" in job.output
