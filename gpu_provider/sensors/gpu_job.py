@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -60,21 +60,31 @@ DEFER_TIMEOUT_SLACK_S = 300.0
 
 @dataclass
 class _Follow:
-    """What a wait knows besides the job it watches now: the task instance (once read) and when it
-    first saw the current attempt ended (for a job that gives no end time). Only a shortcut: a
-    runner that does not hand ``defer`` kwargs back (``dag.test()``) loses it, and it is read again."""
+    """What a wait knows besides the job it watches now: the task instance (read while the service knew
+    the job), the attempts followed so far, and when it first saw the current attempt ended (for a job
+    that gives no end time). A runner that does not hand ``defer`` kwargs back (``dag.test()``) loses
+    it; then it is read again from the backend."""
 
     task: TaskKey | None = None
+    followed: list[str] = field(default_factory=list)
     ended_seen_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task": None if self.task is None else asdict(self.task), "ended_seen_at": self.ended_seen_at}
+        return {
+            "task": None if self.task is None else asdict(self.task),
+            "followed": list(self.followed),
+            "ended_seen_at": self.ended_seen_at,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> _Follow:
         data = data or {}
         task = data.get("task")
-        return cls(task=TaskKey(**task) if isinstance(task, Mapping) else None, ended_seen_at=data.get("ended_seen_at"))
+        return cls(
+            task=TaskKey(**task) if isinstance(task, Mapping) else None,
+            followed=[str(j) for j in data.get("followed") or []],
+            ended_seen_at=data.get("ended_seen_at"),
+        )
 
 
 class GpuJobSensor(BaseSensorOperator):
@@ -158,6 +168,7 @@ class GpuJobSensor(BaseSensorOperator):
         # poke mode keeps these between pokes; reschedule mode starts from the named job every time
         self._current: JobHandle | None = None
         self._follow = _Follow()
+        self._seen: tuple[str, str] | None = None
         self._linked: dict[str, str] = {}
 
     # ------------------------------------------------------------------ finding the job
@@ -200,7 +211,9 @@ class GpuJobSensor(BaseSensorOperator):
             return super().execute(context)  # poke / reschedule: BaseSensorOperator calls poke()
         backend = resolve_backend(self.backend)
         handle = self._find(backend)
-        return self._watch(context, backend, handle, None, _Follow(), time.time() + self.timeout)
+        # read while the service surely knows the job: a job it loses later ("lost") is followed too
+        follow = _Follow(task=backend.task_of(handle) if self.follow_resubmits else None)
+        return self._watch(context, backend, handle, None, follow, time.time() + self.timeout)
 
     def execute_complete(
         self,
@@ -297,10 +310,16 @@ class GpuJobSensor(BaseSensorOperator):
     def _poke(self, context: Context, backend: Backend) -> bool | PokeReturnValue:
         handle = self._current or self._find(backend)
         follow = self._follow
+        if self.follow_resubmits and follow.task is None:
+            follow.task = backend.task_of(handle)
         while True:
             self._current = handle
             status = self._status(backend, handle)
             self._publish_links(context, backend, handle, status)
+            seen = (handle.job_id, status.state.value if status is not None else "unreadable")
+            if seen != self._seen:  # once per state, not once per poke
+                self._seen = seen
+                self.log.info("%s is %s; poking every %gs.", self._where(backend, handle), seen[1], self.poke_interval)
             if status is None or status.state.active:
                 return False
             step = self._after_end(context, backend, handle, status, follow)
@@ -344,6 +363,7 @@ class GpuJobSensor(BaseSensorOperator):
         if later:
             following = max(later, key=lambda h: (h.attempt, h.submitted_at))
             self.log.info("%s; following the next attempt: %s.", what, self._where(backend, following))
+            follow.followed.append(handle.job_id)
             follow.ended_seen_at = None
             return following
         if status.collected:
@@ -388,17 +408,14 @@ class GpuJobSensor(BaseSensorOperator):
         }
 
     def _followed(self, backend: Backend, handle: JobHandle, follow: _Follow) -> list[str]:
-        """Ids of the attempts from the named job up to ``handle`` (empty when ``handle`` is the named job).
-
-        Read from the backend rather than carried along, so it is right however the sensor was resumed.
-        """
-        if handle.job_id == self.job_id or handle.name == self.job_name:
-            return []
-        named = self._find(backend)
+        """Ids of the attempts from the named job up to ``handle`` (empty when ``handle`` is the named job):
+        as carried along, else (the kwargs were not handed back) as the backend lists them now."""
+        if handle.job_id == self.job_id or handle.name == self.job_name or follow.followed:
+            return list(follow.followed)
+        named = backend.lookup(job_id=self.job_id) if self.job_id is not None else backend.lookup(name=self.job_name)
         task = follow.task or backend.task_of(handle)
-        if task is None:
-            return [named.job_id]
-        return [h.job_id for h in backend.find_existing(task) if named.attempt <= h.attempt < handle.attempt]
+        first = named.attempt if named is not None else 0
+        return [h.job_id for h in (backend.find_existing(task) if task else []) if first <= h.attempt < handle.attempt]
 
     def _publish_links(self, context: Context, backend: Backend, handle: JobHandle, status: JobStatus | None) -> None:
         """Point the "GPU job" and "GPU job logs" buttons at the job watched now (once per change)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import shutil
 import sys
 import textwrap
 import time
@@ -57,6 +58,24 @@ def _state(backend: LocalBackend, handle: JobHandle) -> JobState | None:
 
 def _py(code: str) -> list[str]:
     return [sys.executable, "-c", code]
+
+
+def _held(release: Path, out: Path | None = None) -> list[str]:
+    """A job that runs until the test creates ``release``, then declares ``out`` as its output."""
+    declare = f"from gpu_provider.runtime import declare_output; declare_output({f'file://{out}'!r})" if out else ""
+    return _py(f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.1)\n{declare}")
+
+
+def _run_releasing(
+    harness: Harness, dag: Path, dag_id: str, steps: list[tuple[str, Path]]
+) -> tuple[dict[str, Any], str]:
+    """Run the DAG; each time the log shows a marker (a sensor waiting on its running job), release that job."""
+    proc, out_file, log_file = harness.start(dag, dag_id)
+    for marker, release in steps:
+        wait_for(lambda marker=marker: marker in log_file.read_text(), 90, f"the log to show {marker!r}")
+        release.touch()
+    assert proc.wait(timeout=120) == 0, log_file.read_text()[-4000:]
+    return json.loads(out_file.read_text())["tasks"], log_file.read_text()
 
 
 class _TaskInstance:
@@ -119,9 +138,9 @@ def test_parse_time_checks_name_the_field() -> None:
 def test_local_jobs_success_failure_cancel_in_deferred_poke_and_reschedule_modes(harness: Harness) -> None:
     backend = LocalBackend(state_dir=str(harness.state_dir), grace_period=0.5)
     out = harness.tmp / "out"
-    # long enough to outlast the child's start: the poke sensor runs first and waits, then the deferred one
-    ok_poke = backend.submit(_request(_task("ok_poke"), _py("import time; time.sleep(7); print('done')")))
-    ok = backend.submit(_request(_task("ok"), harness.toy_args(str(out), 40, 0.25)))
+    # both run until released: the test releases each once its sensor is seen waiting on it
+    ok = backend.submit(_request(_task("ok"), _held(harness.tmp / "release-ok", out)))
+    ok_poke = backend.submit(_request(_task("ok_poke"), _held(harness.tmp / "release-poke")))
     bad = backend.submit(_request(_task("bad"), _py("import sys, time; time.sleep(0.5); sys.exit(3)")))
     gone = backend.submit(_request(_task("gone"), _py("import time; time.sleep(60)")))
     backend.cancel(gone, "stopped by a person")
@@ -131,17 +150,24 @@ def test_local_jobs_success_failure_cancel_in_deferred_poke_and_reschedule_modes
         SENSOR_IMPORT
         + textwrap.dedent(f"""
         common = dict(backend={source}, poll_interval=0.2)
-        poke = GpuJobSensor(task_id="poke_ok", job_id={ok_poke.job_id!r}, deferrable=False, **common)
         deferred = GpuJobSensor(task_id="deferred_ok", job_name={ok.name!r}, **common)
+        poke = GpuJobSensor(task_id="poke_ok", job_id={ok_poke.job_id!r}, deferrable=False, **common)
         rescheduled = GpuJobSensor(task_id="reschedule_ok", job_id={ok.job_id!r}, mode="reschedule", **common)
-        poke >> deferred >> rescheduled
+        deferred >> poke >> rescheduled
         GpuJobSensor(task_id="failed", job_id={bad.job_id!r}, retries=1, retry_delay=0, **common)
         GpuJobSensor(task_id="cancelled", job_id={gone.job_id!r}, retries=1, retry_delay=0, **common)
         GpuJobSensor(task_id="unknown", job_id="gp-no-such-job-t1-a1", **common)
         """),
     )
-    run = harness.run(dag, "local_sensors")
-    tasks = run.result["tasks"]
+    tasks, log = _run_releasing(
+        harness,
+        dag,
+        "local_sensors",
+        [
+            (f"Waiting for local job {ok.job_id} (attempt 1, on-demand)", harness.tmp / "release-ok"),
+            (f"{ok_poke.job_id}, attempt 1, on-demand) is RUNNING; poking every 0.2s", harness.tmp / "release-poke"),
+        ],
+    )
     assert {t: tasks[t]["state"] for t in tasks} == {
         "deferred_ok": "success",
         "poke_ok": "success",
@@ -149,7 +175,7 @@ def test_local_jobs_success_failure_cancel_in_deferred_poke_and_reschedule_modes
         "failed": "failed",
         "cancelled": "failed",
         "unknown": "failed",
-    }, run.log[-5000:]
+    }, log[-5000:]
     result = tasks["deferred_ok"]["xcom"]
     assert (result["state"], result["job_id"], result["job_name"], result["backend"]) == (
         "SUCCEEDED",
@@ -161,17 +187,13 @@ def test_local_jobs_success_failure_cancel_in_deferred_poke_and_reschedule_modes
     assert result["console_url"] == result["log_url"] == backend.console_url(ok)
     assert result["followed"] == [] and result["gpu_seconds"] > 0
     assert tasks["poke_ok"]["xcom"]["job_id"] == ok_poke.job_id
-    # the deferred sensor waited in its trigger, on the job still running
-    assert f"Waiting for local job {ok.job_id} (attempt 1, on-demand)" in run.log
     assert tasks["reschedule_ok"]["xcom"]["job_id"] == ok.job_id
     # the job's own error: Airflow retries the sensor; a deliberate cancel is final
     assert tasks["failed"]["try_number"] == 2 and tasks["cancelled"]["try_number"] == 1
-    assert f"local job {bad.name} (id {bad.job_id}, attempt 1, on-demand) ended FAILED: " in run.log
-    assert "(exit code 3)" in run.log
-    assert (
-        f"local job {gone.name} (id {gone.job_id}, attempt 1, on-demand) was CANCELLED: stopped by a person" in run.log
-    )
-    assert "has no job with job_id='gp-no-such-job-t1-a1' (backend 'local')" in run.log
+    assert f"local job {bad.name} (id {bad.job_id}, attempt 1, on-demand) ended FAILED: " in log
+    assert "(exit code 3)" in log
+    assert f"local job {gone.name} (id {gone.job_id}, attempt 1, on-demand) was CANCELLED: stopped by a person" in log
+    assert "has no job with job_id='gp-no-such-job-t1-a1' (backend 'local')" in log
     # the sensor only watched: the jobs ended on their own
     assert backend.poll([ok])[ok.job_id].state is JobState.SUCCEEDED  # type: ignore[union-attr]
 
@@ -229,15 +251,47 @@ def test_follow_resubmits_waits_for_the_next_attempt_of_the_same_task(harness: H
     assert "The task that runs it gave up on it" in log
 
 
+def test_poke_mode_follows_a_lost_job_to_the_next_attempt(tmp_path: Path) -> None:
+    """The service forgets the job while the sensor pokes (its folder is gone: ``lost``, an interruption
+    the operator resubmits): the task instance was read while the job was known, so the next attempt is found."""
+    backend = LocalBackend(state_dir=str(tmp_path / "state"), grace_period=0.5)
+    task = _task("lost")
+    first = backend.submit(_request(task, _py("import time; time.sleep(60)"), capacity=names.SPOT))
+    try:
+        sensor = GpuJobSensor(
+            task_id="s",
+            backend=backend,
+            job_id=first.job_id,
+            deferrable=False,
+            follow_resubmits=True,
+            poll_interval=0.2,
+        )
+        ti = _TaskInstance()
+        assert sensor.poke({"ti": ti}) is False  # type: ignore[arg-type]
+        backend.cancel(first, "test: stop it before its folder goes")
+        wait_for(lambda: _state(backend, first) is JobState.CANCELLED, 20, "the first attempt to stop")
+        shutil.rmtree(first.extra["job_dir"])
+        lost = backend.poll([first])[first.job_id]
+        assert isinstance(lost, JobStatus) and lost.interruption == names.LOST, lost
+        assert sensor.poke({"ti": ti}) is False  # type: ignore[arg-type]  # no next attempt yet
+        second = backend.submit(_request(task, _py("print('attempt 2')"), attempt=2))
+        done = wait_for(lambda: sensor.poke({"ti": ti}), 20, "the sensor to follow the second attempt")  # type: ignore[arg-type]
+        assert (done.xcom_value["job_id"], done.xcom_value["followed"]) == (second.job_id, [first.job_id])
+        assert ti.xcoms[CONSOLE_URL_XCOM_KEY] == backend.console_url(second)  # the link follows too
+    finally:
+        for handle in backend.list_jobs():
+            backend.cancel(handle, "test teardown")
+
+
 # --- AWS Batch emulator ----------------------------------------------------------------------------
 
 
 def test_batch_jobs_success_failure_cancel_deferred_and_poke(harness: Harness, batch: BatchWorld) -> None:
     backend = BatchBackend(**batch.queues)
     out = harness.tmp / "out"
-    # long enough to outlast the child's start: the poke sensor runs first and waits, then the deferred one
-    ok_poke = backend.submit(_request(_task("ok_poke"), _py("import time; time.sleep(7); print('done')")))
-    ok = backend.submit(_request(_task("ok"), harness.toy_args(str(out), 40, 0.25)))
+    # both run until released: the test releases each once its sensor is seen waiting on it
+    ok = backend.submit(_request(_task("ok"), _held(harness.tmp / "release-ok", out)))
+    ok_poke = backend.submit(_request(_task("ok_poke"), _held(harness.tmp / "release-poke")))
     bad = backend.submit(_request(_task("bad"), _py("import sys; print('boom', flush=True); sys.exit(3)")))
     gone = backend.submit(_request(_task("gone"), _py("import time; time.sleep(60)")))
     backend.cancel(gone, "stopped by a person")
@@ -246,20 +300,27 @@ def test_batch_jobs_success_failure_cancel_deferred_and_poke(harness: Harness, b
         SENSOR_IMPORT
         + textwrap.dedent(f"""
         common = dict(backend={batch.backend_source()}, poll_interval=0.3)
-        poke = GpuJobSensor(task_id="poke_ok", job_name={ok_poke.name!r}, deferrable=False, **common)
-        poke >> GpuJobSensor(task_id="deferred_ok", job_id={ok.job_id!r}, **common)
+        deferred = GpuJobSensor(task_id="deferred_ok", job_id={ok.job_id!r}, **common)
+        deferred >> GpuJobSensor(task_id="poke_ok", job_name={ok_poke.name!r}, deferrable=False, **common)
         GpuJobSensor(task_id="failed", job_id={bad.job_id!r}, **common)
         GpuJobSensor(task_id="cancelled", job_name={gone.name!r}, **common)
         """),
     )
-    run = harness.run(dag, "batch_sensors")
-    tasks = run.result["tasks"]
+    tasks, log = _run_releasing(
+        harness,
+        dag,
+        "batch_sensors",
+        [
+            (f"Waiting for batch job {ok.job_id} (attempt 1, on-demand)", harness.tmp / "release-ok"),
+            (f"{ok_poke.job_id}, attempt 1, on-demand) is RUNNING; poking every 0.3s", harness.tmp / "release-poke"),
+        ],
+    )
     assert {t: tasks[t]["state"] for t in tasks} == {
         "deferred_ok": "success",
         "poke_ok": "success",
         "failed": "failed",
         "cancelled": "failed",
-    }, run.log[-5000:]
+    }, log[-5000:]
     result = tasks["deferred_ok"]["xcom"]
     assert (result["backend"], result["job_id"], result["job_name"], result["state"]) == (
         "batch",
@@ -271,11 +332,8 @@ def test_batch_jobs_success_failure_cancel_deferred_and_poke(harness: Harness, b
     assert result["console_url"] == backend.console_url(ok)
     assert "/aws/batch/job" in result["log_url"].replace("$252F", "/")  # the job's CloudWatch stream
     assert tasks["poke_ok"]["xcom"]["job_id"] == ok_poke.job_id
-    assert f"Waiting for batch job {ok.job_id} (attempt 1, on-demand)" in run.log  # deferred on the running job
-    assert f"batch job {bad.name} (id {bad.job_id}, attempt 1, on-demand) ended FAILED: " in run.log
-    assert (
-        f"batch job {gone.name} (id {gone.job_id}, attempt 1, on-demand) was CANCELLED: stopped by a person" in run.log
-    )
+    assert f"batch job {bad.name} (id {bad.job_id}, attempt 1, on-demand) ended FAILED: " in log
+    assert f"batch job {gone.name} (id {gone.job_id}, attempt 1, on-demand) was CANCELLED: stopped by a person" in log
 
 
 def test_a_throttled_poke_is_not_yet_and_the_next_one_reads_the_job(
