@@ -27,7 +27,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / ".demo"
-STAGES = ("preprocess", "train", "batch_inference")
+STAGES = ("preprocess", "train", "evaluate", "batch_inference")
 
 # Lines of the Airflow log worth showing live (the rest goes to .demo/airflow.log).
 _SHOW = re.compile(
