@@ -102,6 +102,7 @@ class CheckpointTrigger(BaseTrigger):
         self.aws_conn_id = aws_conn_id
         self.poll_interval = float(poll_interval)
         self.end_time = None if end_time is None else float(end_time)
+        self._client: Any = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -126,7 +127,9 @@ class CheckpointTrigger(BaseTrigger):
     def _read(self) -> tuple[str, int] | None:
         from gpu_provider._aws import s3_client_for
 
-        return published_checkpoint(self.uri, s3_client=s3_client_for(self.uri, self.aws_conn_id))
+        if self._client is None:  # built once per run (it looks the connection up), in the reading thread
+            self._client = s3_client_for(self.uri, self.aws_conn_id)
+        return published_checkpoint(self.uri, s3_client=self._client)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         wanted = lowest_step(self.min_step, self.newer_than)
