@@ -88,8 +88,8 @@ def test_no_capacity_in_time_runs_the_on_demand_branch(harness: Harness, ec2_spo
         "report": "success",
     }
     assert run.task("report")["xcom"] == {"ran": "train_on_demand", "capacity": "on-demand"}  # type: ignore[attr-defined]
-    # the sensor kept reading while it waited (first in the worker, then in the trigger)
-    assert len(ec2_spot.requests("GetSpotPlacementScores")) >= 3
+    # it read in the worker, deferred, and read again in the trigger (which reads before it looks at the clock)
+    assert len(ec2_spot.requests("GetSpotPlacementScores")) >= 2
     assert "No spot capacity" in run.log  # type: ignore[attr-defined]
 
 
