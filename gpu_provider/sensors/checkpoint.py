@@ -120,6 +120,8 @@ class CheckpointSensor(BaseSensorOperator):
     ) -> None:
         if "poke_interval" in kwargs:
             raise TypeError("pass poll_interval=, not poke_interval=, to CheckpointSensor")
+        if aws_conn_id is not None and not isinstance(aws_conn_id, str):
+            raise TypeError(f"aws_conn_id={safe_repr(aws_conn_id)} must be an Airflow connection id (a string) or None")
         if not isinstance(deferrable, bool):
             raise TypeError(f"deferrable={safe_repr(deferrable)} must be True or False")
         if deferrable and kwargs.get("mode", "poke") != "poke":

@@ -231,6 +231,7 @@ def test_trigger_gives_up_after_repeated_read_errors(tmp_path: Path) -> None:
         ({"poke_interval": 5}, TypeError, "pass poll_interval="),
         ({"mode": "reschedule"}, ValueError, "mode='reschedule' applies only with deferrable=False"),
         ({"deferrable": "yes"}, TypeError, "deferrable='yes'"),
+        ({"aws_conn_id": 3}, TypeError, "aws_conn_id=3 must be an Airflow connection id"),
     ],
 )
 def test_bad_arguments_name_the_field(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
