@@ -69,9 +69,12 @@ with DAG(dag_id="kill_batch_deferred", schedule=None, catchup=False) as kill_bat
     )
 
 with DAG(dag_id="fan_out", schedule=None, catchup=False) as fan_out:
+    # jobs of 10 s: the executor has taken in the end of each task's first (deferring) run before the
+    # trigger fires; with a 2 s job on a loaded machine Airflow 3.3's LocalExecutor can report that
+    # stale end after the resumed run started, and the scheduler then fails the task (an Airflow race)
     GpuJobOperator.partial(
         task_id="job", backend=LocalBackend(state_dir=STATE), deferrable=True, poll_interval=0.5
-    ).expand(command=[job(2) + [f"fan{{i}}"] for i in range(4)])
+    ).expand(command=[job(10) + [f"fan{{i}}"] for i in range(4)])
 """
 
 
