@@ -205,7 +205,7 @@ def test_trigger_times_out_with_what_it_saw(ec2_spot: Ec2SpotEmulator) -> None:
     assert event["status"] == "timeout"
     assert event["result"]["seen"]["scores"] == {"us-east-1": 3, "us-west-2": 5}
     assert "us-west-2 5 (want >= 6)" in event["message"]
-    assert len(ec2_spot.requests("GetSpotPlacementScores")) >= 3
+    assert ec2_spot.requests("GetSpotPlacementScores"), "the trigger read the scores before it gave up"
     with pytest.raises(AirflowSensorTimeout, match="No spot capacity"):
         wait.execute_complete({}, event)
 
