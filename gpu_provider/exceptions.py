@@ -52,3 +52,8 @@ class GpuJobStatusError(GpuJobError):
 class SpotCapacityError(GpuJobError):
     """Spot capacity could not be read (EC2 refused the call, e.g. missing permissions): unlike a
     timeout, ``soft_fail`` does not turn this into a skip."""
+
+
+class CheckpointReadError(GpuJobError):
+    """The checkpoint storage could not be read: by ``CheckpointTrigger`` several times in a row, or
+    once by ``CheckpointSensor`` in poke mode."""

@@ -484,6 +484,25 @@ def _s3_errors(uri: str) -> Iterator[None]:
         raise
 
 
+def published_checkpoint(uri: str, *, s3_client: Any = None) -> tuple[str, int] | None:
+    """The checkpoint ``<uri>/LATEST`` names, as ``("<uri>/ckpt-...", step)``, or ``None`` when none is published.
+
+    Unlike :func:`latest_checkpoint` there is no fallback: only what the writer published counts
+    (what a sensor waits for).
+
+    :param uri: the checkpoint URI (``file:///...`` or ``s3://bucket/prefix``).
+    :param s3_client: a boto3 S3 client for ``s3://`` (``boto3.client("s3")`` when ``None``).
+    :raises OSError: the storage could not be read (S3 errors are re-raised as ``OSError`` naming the URI).
+    """
+    storage = _storage(uri, s3_client)
+    with _s3_errors(uri):
+        name = storage.read_latest()
+        step = None if name is None else checkpoint_step(name)
+        if name is None or step is None or not storage.exists(name):
+            return None
+    return f"{uri.rstrip('/')}/{name}", step
+
+
 def latest_checkpoint(uri: str, *, s3_client: Any = None) -> str | None:
     """The URI of the newest complete checkpoint under ``uri``, or ``None`` when there is none.
 

@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
+from gpu_provider.exceptions import CheckpointReadError
 from gpu_provider.job import is_templated, safe_repr, validate_checkpoint_uri
+from gpu_provider.runtime.checkpoint import published_checkpoint
 from gpu_provider.triggers.checkpoint import (
     EVENT_STATUSES,
     SUCCESS,
     TIMEOUT,
-    CheckpointReadError,
     CheckpointTrigger,
     describe_wait,
     lowest_step,
-    published_checkpoint,
 )
 
 if TYPE_CHECKING:

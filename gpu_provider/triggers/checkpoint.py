@@ -21,8 +21,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from gpu_provider.exceptions import GpuJobError
-from gpu_provider.runtime.checkpoint import _s3_errors, _storage, checkpoint_step
+from gpu_provider.runtime.checkpoint import published_checkpoint
 
 #: the events a :class:`CheckpointTrigger` fires (``status`` of the event payload)
 SUCCESS, TIMEOUT, ERROR = "success", "timeout", "error"
@@ -30,26 +29,6 @@ EVENT_STATUSES = (SUCCESS, TIMEOUT, ERROR)
 #: consecutive failed reads of the storage after which the trigger gives up with ``error``: one
 #: failed read (a network blip during a wait of hours) is only logged
 MAX_READ_ERRORS = 3
-
-
-class CheckpointReadError(GpuJobError):
-    """The checkpoint storage could not be read (``MAX_READ_ERRORS`` times in a row, or once in poke mode)."""
-
-
-def published_checkpoint(uri: str, *, s3_client: Any = None) -> tuple[str, int] | None:
-    """The checkpoint ``<uri>/LATEST`` names, as ``("<uri>/ckpt-...", step)``, or ``None`` when none is published.
-
-    :param uri: the checkpoint URI (``file:///...`` or ``s3://bucket/prefix``).
-    :param s3_client: a boto3 S3 client for ``s3://`` (``boto3.client("s3")`` when ``None``).
-    :raises OSError: the storage could not be read (S3 errors are re-raised as ``OSError`` naming the URI).
-    """
-    storage = _storage(uri, s3_client)
-    with _s3_errors(uri):
-        name = storage.read_latest()
-        step = None if name is None else checkpoint_step(name)
-        if name is None or step is None or not storage.exists(name):
-            return None
-    return f"{uri.rstrip('/')}/{name}", step
 
 
 def lowest_step(min_step: int, newer_than: int | None) -> int:

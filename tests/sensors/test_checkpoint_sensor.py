@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from gpu_provider.runtime import latest_checkpoint, save_checkpoint
+from gpu_provider.runtime.checkpoint import published_checkpoint
 from gpu_provider.sensors import CheckpointSensor
-from gpu_provider.triggers.checkpoint import CheckpointTrigger, published_checkpoint
+from gpu_provider.triggers.checkpoint import CheckpointTrigger
 
 REPO = Path(__file__).resolve().parents[2]
 
