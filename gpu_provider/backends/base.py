@@ -295,6 +295,32 @@ def task_from_tags(tags: Mapping[str, Any]) -> TaskKey | None:
 
 
 @dataclass(frozen=True)
+class OwnedJob:
+    """One active job this provider started, as :meth:`Backend.list_owned` reports it.
+
+    Read from the job's own tags/labels/records, never from Airflow: the reaper asks Airflow
+    whether ``task`` still has a live try, and the spend report prices what is still running.
+    """
+
+    handle: JobHandle
+    task: TaskKey | None
+    """The task instance named by the job's tags; ``None`` when they are missing or unreadable."""
+    state: JobState
+    """A non-terminal state (``list_owned`` reports active jobs only)."""
+    try_number: int | None = None
+    """The Airflow try that owns the job (the owner-try mark, else the try it was submitted by)."""
+    team: str | None = None
+    started_at: float | None = None
+    """Unix time the job started running, where the service reports it."""
+    instance_type: str | None = None
+    nodes: int = 1
+    gpus: float = 0.0
+    """GPUs per node."""
+    max_runtime_s: float | None = None
+    """The run time limit submitted with the job, where the service records it."""
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What a backend can run, declared once: :meth:`Backend.validate`, the README and the example
     DAG read it instead of each backend repeating the same checks."""
@@ -460,6 +486,15 @@ class Backend(ABC):
         Lines come without their newline, each cut to :data:`MAX_LOG_LINE_CHARS` (:func:`clip_line`);
         ``LogChunk.more`` says the read stopped at the limit. Memory stays bounded whatever the job writes.
         """
+
+    def list_owned(self) -> list[OwnedJob]:
+        """Every active (non-terminal) job this provider started within this backend's scope, found
+        by its tags/labels (Batch: the configured queues; local: the state directory; SageMaker:
+        training jobs with the provider's tags; Kubernetes: pods and jobs in the namespace with its
+        labels). The reaper stops those with no live task behind them; a backend must implement it
+        so that nothing it starts can be forgotten.
+        """
+        raise NotImplementedError(f"the {self.name} backend does not list the jobs it owns")
 
     def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:  # noqa: B027
         """Record on the job itself which Airflow try owns it, or that its outcome was collected.
