@@ -8,7 +8,7 @@ BACKEND ?= local
 PYVER  := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 CONSTRAINTS := constraints/py$(PYVER).txt
 
-.PHONY: demo test lint format bench constraints clean
+.PHONY: demo test test-lowest lint format bench constraints constraints-lowest clean
 
 $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	@test -f $(CONSTRAINTS) || { echo "No pinned dependency set for Python '$(PYVER)' ($(PYTHON)). Supported: $(patsubst constraints/py%.txt,%,$(wildcard constraints/py*.txt)). Use e.g. 'make demo PYTHON=python3.11'."; exit 1; }
@@ -30,6 +30,13 @@ TEST_WORKERS ?= 6
 test: $(STAMP)
 	@$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
 
+## The lowest supported set (constraints/lowest/py3.X.txt: the lower bounds of pyproject.toml, resolved):
+## install the built wheel against it in a fresh .venv-lowest, base install then [all], and smoke-test it
+## (a one-task local DAG with `airflow dags test`). Downloads from the package index, so it is a CI step
+## of its own (.ci/run), not a test: no test may reach the network.
+test-lowest:
+	@$(PYTHON) scripts/lowest_deps.py check
+
 ## ruff (lint + format check) and mypy (strict on gpu_provider/).
 lint: $(STAMP)
 	@$(BIN)/ruff check .
@@ -49,5 +56,9 @@ constraints: $(STAMP)
 	@(echo "# Pinned, tested set for 'make' targets on Python $(PYVER). Regenerate: make constraints"; \
 	  $(BIN)/python -m pip freeze --exclude-editable | grep -vi '^airflow-provider-gpu') > $(CONSTRAINTS)
 
+## Re-resolve the lowest supported set for this Python version (after changing a lower bound).
+constraints-lowest:
+	@$(PYTHON) scripts/lowest_deps.py pin
+
 clean:
-	rm -rf $(VENV) .demo build *.egg-info
+	rm -rf $(VENV) .venv-lowest .demo build *.egg-info

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_provider.extras import require_extra
+
 DEFAULT_AWS_CONN_ID = "aws_default"
 
 
@@ -15,6 +17,7 @@ def s3_client_for(uri: str, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID) -> An
     """
     if not uri.startswith("s3://"):
         return None
+    require_extra("aws", "an s3:// checkpoint or output location")
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
     return AwsBaseHook(aws_conn_id=aws_conn_id or DEFAULT_AWS_CONN_ID, client_type="s3").get_conn()
@@ -24,6 +27,7 @@ def aws_client(service: str, *, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID, r
     """A boto3 client of ``service`` from the Airflow AWS connection (the amazon provider's ``AwsBaseHook``:
     credentials, endpoint and ``config_kwargs`` from the connection), in ``region_name`` (``None``: the
     connection's). boto3 is imported here, when the client is needed, never when a DAG file is parsed."""
+    require_extra("aws", f"the AWS {service} client")
     from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
     hook = AwsBaseHook(aws_conn_id=aws_conn_id or DEFAULT_AWS_CONN_ID, client_type=service, region_name=region_name)

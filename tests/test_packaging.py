@@ -5,10 +5,21 @@ from __future__ import annotations
 import ast
 import json
 import re
+import sys
 from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+
+import pytest
 
 import gpu_provider
+from gpu_provider._aws import s3_client_for
 from gpu_provider.backends import registered_backends
+from gpu_provider.extras import BACKEND_EXTRAS, EXTRAS, MissingExtraError
 from gpu_provider.get_provider_info import get_provider_info
 
 PACKAGE = Path(gpu_provider.__file__).resolve().parent
@@ -59,3 +70,78 @@ def test_nothing_in_the_package_imports_kubernetes() -> None:
                 or name.startswith("airflow.providers.cncf")
             ]
     assert found == []
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _project() -> dict[str, Any]:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!;\[ ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_the_base_install_holds_no_backend_service_client() -> None:
+    """``pip install airflow-provider-gpu`` is Airflow and the local backend; services come with extras."""
+    project = _project()
+    assert _names(project["dependencies"]) == {"apache-airflow"}
+    extras = project["optional-dependencies"]
+    # every extra the code names exists, and brings the modules the code checks for
+    for extra, (modules, _) in EXTRAS.items():
+        assert extra in extras, f"gpu_provider.extras names the extra {extra!r}; pyproject.toml has none"
+        wanted = {"airflow.providers.amazon": "apache-airflow-providers-amazon", "boto3": "boto3"}
+        wanted["airflow.providers.cncf.kubernetes"] = "apache-airflow-providers-cncf-kubernetes"
+        wanted["kubernetes"] = "apache-airflow-providers-cncf-kubernetes"  # the provider requires the client
+        assert {wanted[m] for m in modules} <= _names(extras[extra]), extra
+    backend_extras = set(BACKEND_EXTRAS.values())
+    assert _names(extras["all"]) == set().union(*(_names(extras[e]) for e in backend_extras))
+    # `make test` installs [dev]: it must hold everything every backend's tests need
+    assert _names(extras["all"]) | _names(extras["examples"]) <= _names(extras["dev"])
+
+
+def test_every_registered_backend_that_needs_a_service_names_its_extra() -> None:
+    from gpu_provider.backends.base import _REGISTRY
+
+    for name, path in _REGISTRY.items():
+        if name != "local":
+            assert name in BACKEND_EXTRAS, f"backend {name!r} ({path}) has no extra in gpu_provider.extras"
+
+
+def test_a_missing_backend_extra_is_named_when_the_dag_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_provider.operators import GpuJobOperator
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as if boto3 were not installed
+    with pytest.raises(MissingExtraError, match=re.escape("pip install 'airflow-provider-gpu[batch]'")) as err:
+        GpuJobOperator(task_id="t", command=["true"], backend="batch")
+    assert "backend='batch' needs the amazon provider and boto3" in str(err.value)
+    assert "missing: boto3" in str(err.value)
+    with pytest.raises(MissingExtraError, match=re.escape("airflow-provider-gpu[aws]")):
+        s3_client_for("s3://bucket/checkpoints")
+
+
+def test_the_lowest_supported_set_pins_exactly_the_declared_lower_bounds() -> None:
+    """``make test-lowest`` installs constraints/lowest/: the set must still be the lower bounds of pyproject."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from lowest_deps import lower_bounds
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    files = sorted((REPO / "constraints" / "lowest").glob("py3.*.txt"))
+    assert files, "no lowest supported set recorded: make constraints-lowest"
+    bounds = lower_bounds()
+    assert bounds["apache-airflow"] == "3.3.0"
+    for path in files:
+        pins = dict(
+            line.lower().split("==", 1) for line in path.read_text().splitlines() if line and not line.startswith("#")
+        )
+        for name, version in bounds.items():
+            assert pins.get(name) == version, f"{path.name}: {name}=={pins.get(name)}, pyproject says >={version}"
+
+
+def test_the_readme_has_no_link_that_breaks_outside_the_repository() -> None:
+    """PyPI shows the README as the project page: a relative link there leads nowhere."""
+    text = (REPO / "README.md").read_text()
+    relative = [t for t in re.findall(r"\]\(([^)]+)\)", text) if not t.startswith(("#", "https://", "http://"))]
+    assert relative == []

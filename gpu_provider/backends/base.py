@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from gpu_provider import names
 from gpu_provider.exceptions import GpuJobStatusError
+from gpu_provider.extras import require_backend_extra
 from gpu_provider.job import CAPACITY_TYPES, GpuResources
 
 
@@ -510,6 +511,11 @@ class Backend(ABC):
         """Where a person can look at the job (a console link), if anywhere."""
         return None
 
+    def output_tail(self, handle: JobHandle, lines: int = 20) -> list[str]:
+        """The last ``lines`` lines of an attempt's output, read from its end without reading it all:
+        the error of a job that failed quotes them. ``[]`` where the backend cannot read them cheaply."""
+        return []
+
     def logs_url(self, handle: JobHandle) -> str | None:
         """Where a person can read the job's log before its status says more (``JobStatus.log_url``)."""
         return None
@@ -567,12 +573,15 @@ def registered_backends() -> list[str]:
 
 
 def backend_class(name: str) -> type[Backend]:
+    """The backend class registered as ``name``. A backend whose pip extra is missing raises
+    :class:`~gpu_provider.extras.MissingExtraError` naming the extra (``gpu_provider.extras.BACKEND_EXTRAS``)."""
     try:
         path = _REGISTRY[name]
     except KeyError:
         raise ValueError(
             f"backend={name!r} is not a known backend; valid names: {', '.join(registered_backends())}"
         ) from None
+    require_backend_extra(name)
     module_name, _, attr = path.rpartition(".")
     cls = getattr(importlib.import_module(module_name), attr)
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
@@ -592,6 +601,7 @@ def check_backend_name(name: str) -> None:
     """Fail with the list of valid names, without importing the backend (parse-time check)."""
     if name not in _REGISTRY:
         backend_class(name)
+    require_backend_extra(name)
 
 
 def resolve_backend(value: Backend | str | Mapping[str, Any] | None) -> Backend:

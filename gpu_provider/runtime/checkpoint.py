@@ -460,8 +460,13 @@ class _S3Storage(_Storage):
 def _s3_client(s3_client: Any) -> Any:
     if s3_client is not None:
         return s3_client
-    import boto3
-
+    try:
+        import boto3
+    except ImportError as err:  # a training image with the runtime helper only (pip install --no-deps)
+        raise ImportError(
+            "s3:// checkpoints need boto3 in the job's environment (the runtime helper itself needs nothing "
+            "else): pip install boto3"
+        ) from err
     return boto3.client("s3")
 
 

@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-#: what setuptools needs to build the wheel: the project file, the README (the long description), the package
-SOURCES = ("pyproject.toml", "README.md", "gpu_provider")
+#: what setuptools needs to build the wheel: the project file, the README (the long description), the
+#: license files, the package
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "NOTICE", "gpu_provider")
 
 
 @dataclass
@@ -90,15 +91,96 @@ def test_the_wheel_holds_the_package_and_the_example_programs(installed: Install
     assert {name.split("/")[0] for name in names} == {"gpu_provider", f"{distribution}-{version}.dist-info"}
 
 
+def _metadata(wheel: Path) -> list[str]:
+    (metadata,) = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA")]
+    return zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+
+
 def test_the_wheel_declares_what_the_code_needs(installed: Installed) -> None:
-    (metadata,) = [n for n in zipfile.ZipFile(installed.wheel).namelist() if n.endswith(".dist-info/METADATA")]
-    lines = zipfile.ZipFile(installed.wheel).read(metadata).decode().splitlines()
+    lines = _metadata(installed.wheel)
     requires = [line.removeprefix("Requires-Dist: ") for line in lines if line.startswith("Requires-Dist: ")]
-    assert "apache-airflow<4,>=3.3" in requires, "the task state store is Airflow 3.3's"
+    assert "apache-airflow<4,>=3.3.0" in requires, "the task state store is Airflow 3.3's"
+    # the base install is Airflow alone: every service client comes with the backend's extra
+    assert [r for r in requires if "extra ==" not in r] == ["apache-airflow<4,>=3.3.0"]
     assert 'numpy>=1.24; extra == "examples"' in requires
-    cncf = [r for r in requires if r.startswith("apache-airflow-providers-cncf-kubernetes")]
-    assert cncf and all('extra == "kubernetes"' in r for r in cncf), cncf
-    assert not any(r.startswith("numpy") and "extra" not in r for r in requires)
+    for extra in ("aws", "batch", "sagemaker", "all"):
+        assert f'apache-airflow-providers-amazon>=9.6.0; extra == "{extra}"' in requires
+        assert f'boto3>=1.37.0; extra == "{extra}"' in requires
+    for extra in ("kubernetes", "all"):
+        assert f'apache-airflow-providers-cncf-kubernetes>=10.0.0; extra == "{extra}"' in requires
+    provides = {line.removeprefix("Provides-Extra: ") for line in lines if line.startswith("Provides-Extra: ")}
+    assert {"aws", "batch", "sagemaker", "kubernetes", "all", "examples", "dev"} <= provides
+
+
+def test_the_wheel_carries_its_license(installed: Installed) -> None:
+    names = zipfile.ZipFile(installed.wheel).namelist()
+    (info,) = {name.split("/")[0] for name in names if ".dist-info/" in name}
+    assert {f"{info}/licenses/LICENSE", f"{info}/licenses/NOTICE"} <= set(names)
+    text = zipfile.ZipFile(installed.wheel).read(f"{info}/licenses/LICENSE").decode()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    lines = _metadata(installed.wheel)
+    assert "License-Expression: Apache-2.0" in lines
+    assert {"License-File: LICENSE", "License-File: NOTICE"} <= set(lines)
+    # the long description is the README: on a package index it has no relative link to follow
+    description = "\n".join(lines)
+    assert "](dags/" not in description and "](constraints/" not in description
+
+
+def test_the_runtime_helper_runs_in_an_image_without_airflow(installed: Installed, tmp_path: Path) -> None:
+    """What a training image does: ``pip install --no-deps airflow-provider-gpu`` and nothing else.
+
+    A new virtualenv without Airflow, boto3 or numpy (no path to this test's packages): the launch
+    wrapper runs a command with the rendezvous variables, and a checkpoint is saved and restored.
+    """
+    venv = tmp_path / "image"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q", "--python", str(python)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPU_PROVIDER")) and k != "PYTHONPATH"}
+    # --ignore-installed: pip must not take a gpu_provider it sees through this test's path for an install
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--ignore-installed", str(installed.wheel)], cwd=tmp_path, env=env, check=True
+    )
+    env.update({"GPU_PROVIDER_CHECKPOINT_URI": (tmp_path / "ckpt").as_uri(), "NNODES": "2", "NODE_RANK": "1"})
+    env.update({"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500"})
+
+    def run(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(python), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+    absent = run(
+        ["-c", "import importlib.util as u; print([m for m in ('airflow', 'boto3', 'numpy') if u.find_spec(m)])"]
+    )
+    assert absent.stdout.strip() == "[]", absent.stderr
+    launched = run(
+        [
+            "-m",
+            "gpu_provider.runtime.launch",
+            "--",
+            str(python),
+            "-c",
+            "import os, sys; print(os.environ['NNODES'], os.environ['NODE_RANK'], os.environ['MASTER_ADDR']); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'boto3')))",
+        ]
+    )
+    assert launched.returncode == 0, launched.stderr
+    assert launched.stdout.splitlines() == ["2 1 10.0.0.5", "[]"]
+
+    job = """
+import os, sys
+from pathlib import Path
+from gpu_provider.runtime import latest_checkpoint, restore_checkpoint, save_checkpoint
+uri = os.environ["GPU_PROVIDER_CHECKPOINT_URI"]
+with save_checkpoint(uri, 7, keep=2) as folder:
+    (Path(folder) / "weights.txt").write_text("step 7 weights")
+latest = latest_checkpoint(uri)
+print(latest.rsplit("/", 1)[1], (restore_checkpoint(latest) / "weights.txt").read_text())
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("airflow", "boto3", "numpy")))
+"""
+    saved = run(["-m", "gpu_provider.runtime.launch", "--", str(python), "-c", job])
+    assert saved.returncode == 0, saved.stderr
+    assert saved.stdout.splitlines() == ["ckpt-0000000007 step 7 weights", "[]"]
+    s3 = run(["-c", "from gpu_provider.runtime import latest_checkpoint; latest_checkpoint('s3://bucket/ckpt')"])
+    assert "s3:// checkpoints need boto3 in the job's environment" in s3.stderr and "pip install boto3" in s3.stderr
 
 
 @pytest.fixture

@@ -1,0 +1,193 @@
+"""Keep the declared lower bounds true: install the provider against its lowest supported dependencies.
+
+``pin``   resolve the lower bounds of pyproject.toml (``apache-airflow>=3.3.0`` -> ``==3.3.0``, the same for
+          every bound of the ``all`` extra) with pip against the package index, the rest of the set taking
+          the newest versions those pins accept, and record the result in ``constraints/lowest/py3.X.txt``.
+          Airflow's own constraints files live on GitHub, which this project's CI cannot reach, so this
+          recorded resolution stands in for "Airflow's constraints for the lowest supported version".
+``check`` in a fresh virtualenv (``.venv-lowest``), install the built wheel with those constraints and
+          smoke-test it: the base install runs a one-task local DAG with ``airflow dags test`` and refuses
+          ``backend="batch"`` naming the missing extra; then ``[all]`` builds a Batch client through the
+          amazon provider's hook and imports every operator, sensor and trigger.
+
+Run through ``make constraints-lowest`` and ``make test-lowest`` (CI: ``.ci/run``). Needs the package index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYVER = f"{sys.version_info[0]}.{sys.version_info[1]}"
+LOWEST = REPO / "constraints" / "lowest" / f"py{PYVER}.txt"
+VENV = REPO / ".venv-lowest"
+PIP = ["-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
+
+DAG = """
+import sys
+from datetime import datetime
+
+from airflow.sdk import DAG
+from gpu_provider.operators import GpuJobOperator
+
+with DAG("lowest_smoke", start_date=datetime(2026, 1, 1), schedule=None):
+    GpuJobOperator(
+        task_id="hello",
+        command=[sys.executable, "-c", "print('hello from the lowest supported set')"],
+        backend="local",
+        poll_interval=0.5,
+    )
+"""
+
+ALL_EXTRA = """
+from gpu_provider._aws import aws_client
+from gpu_provider.backends import resolve_backend
+import gpu_provider.operators, gpu_provider.sensors
+import gpu_provider.triggers.gpu_job, gpu_provider.triggers.spot_capacity, gpu_provider.triggers.checkpoint
+backend = resolve_backend({"name": "batch", "on_demand_queue": "q", "region_name": "us-east-1"})
+client = aws_client("batch", region_name="us-east-1")
+print("batch client:", type(client).__name__, client.meta.region_name)
+"""
+
+
+def _project() -> dict:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: pip carries a copy of tomli
+        from pip._vendor import tomli as tomllib
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def lower_bounds() -> dict[str, str]:
+    """``{distribution: lowest version}`` for the base dependencies and the ``all`` extra."""
+    project = _project()
+    bounds: dict[str, str] = {}
+    for requirement in [*project["dependencies"], *project["optional-dependencies"]["all"]]:
+        match = re.fullmatch(r"([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^,;\s]*)(,.*)?", requirement.strip())
+        if not match:
+            raise SystemExit(f"pyproject.toml: {requirement!r} has no '>=' lower bound to test")
+        bounds[match.group(1).lower()] = match.group(2)
+    return bounds
+
+
+def run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    print("+", " ".join(args), flush=True)
+    return subprocess.run(args, check=True, text=True, **kwargs)  # type: ignore[call-overload]
+
+
+def make_venv(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    run([sys.executable, "-m", "venv", str(path)])
+    python = path / "bin" / "python"
+    run([str(python), *PIP, "install", "--upgrade", "pip>=24"])
+    return python
+
+
+def pin() -> None:
+    bounds = lower_bounds()
+    with tempfile.TemporaryDirectory() as tmp:
+        python = make_venv(Path(tmp) / "venv")
+        run([str(python), *PIP, "install", *(f"{name}=={version}" for name, version in bounds.items())])
+        frozen = run([str(python), "-m", "pip", "freeze", "--all"], capture_output=True).stdout
+    keep = [line for line in frozen.splitlines() if line and not line.lower().startswith(("pip==", "setuptools=="))]
+    LOWEST.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# The lowest supported set on Python {PYVER}: the lower bounds of pyproject.toml pinned\n"
+        f"# ({', '.join(f'{n}=={v}' for n, v in bounds.items())}), the rest resolved by pip from the index.\n"
+        "# Regenerate: make constraints-lowest. Checked by: make test-lowest (CI).\n"
+    )
+    LOWEST.write_text(header + "\n".join(keep) + "\n")
+    print(f"wrote {LOWEST.relative_to(REPO)} ({len(keep)} packages)")
+
+
+def _airflow_env(home: Path) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW") and k not in ("PYTHONPATH", "VIRTUAL_ENV")
+    }
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR=str(home / "gpu_state"),
+    )
+    return env
+
+
+def check() -> None:
+    if not LOWEST.exists():
+        raise SystemExit(f"no lowest constraints for Python {PYVER}: run 'make constraints-lowest' first")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        run([sys.executable, *PIP, "wheel", "--no-deps", "-w", str(tmp / "dist"), str(REPO)], cwd=tmp)
+        (wheel,) = (tmp / "dist").glob("airflow_provider_gpu-*.whl")
+        python = make_venv(VENV)
+        run([str(python), *PIP, "install", "-c", str(LOWEST), str(wheel)], cwd=tmp)
+        installed = run([str(python), "-m", "pip", "freeze"], capture_output=True).stdout.lower()
+        for name, version in lower_bounds().items():
+            if name in ("apache-airflow",) and f"{name}=={version}" not in installed:
+                raise SystemExit(f"{name}=={version} was not installed")
+        for absent in ("apache-airflow-providers-amazon==", "boto3==", "apache-airflow-providers-cncf-kubernetes=="):
+            if absent in installed:
+                raise SystemExit(f"the base install pulled {absent.rstrip('=')}: it belongs to an extra")
+
+        home = tmp / "airflow"
+        (home / "dags").mkdir(parents=True)
+        (home / "dags" / "lowest_smoke.py").write_text(textwrap.dedent(DAG))
+        env = _airflow_env(home)
+        refused = subprocess.run(
+            [str(python), "-c", "from gpu_provider.backends import resolve_backend; resolve_backend('batch')"],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if refused.returncode == 0 or "airflow-provider-gpu[batch]" not in refused.stderr:
+            raise SystemExit(f"base install: backend='batch' was not refused naming the extra:\n{refused.stderr}")
+        print("base install refuses the batch backend:", refused.stderr.strip().splitlines()[-1])
+        run([str(python), "-m", "airflow", "db", "migrate"], cwd=tmp, env=env, capture_output=True)
+        test = subprocess.run(
+            [str(python), "-m", "airflow", "dags", "test", "lowest_smoke"],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        runs = run(
+            [str(python), "-m", "airflow", "dags", "list-runs", "lowest_smoke", "-o", "json"],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+        ).stdout
+        state = json.loads(runs.strip().splitlines()[-1])[0]["state"]
+        if state != "success":
+            raise SystemExit(f"airflow dags test lowest_smoke ended {state}:\n{(test.stdout + test.stderr)[-6000:]}")
+        print("base install: airflow dags test lowest_smoke -> success")
+
+        run([str(python), *PIP, "install", "-c", str(LOWEST), f"{wheel}[all]"], cwd=tmp)
+        print(run([str(python), "-c", ALL_EXTRA], cwd=tmp, env=env, capture_output=True).stdout.strip())
+    versions = run([str(python), "-m", "pip", "freeze"], capture_output=True).stdout
+    wanted = ("apache-airflow==", "apache-airflow-providers-amazon==", "boto3==", "apache-airflow-providers-cncf")
+    print("tested:", ", ".join(line for line in versions.splitlines() if line.lower().startswith(wanted)))
+    print(f"lowest supported set: OK in {time.monotonic() - started:.0f}s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["pin", "check"])
+    {"pin": pin, "check": check}[parser.parse_args().command]()
+
+
+if __name__ == "__main__":
+    main()
