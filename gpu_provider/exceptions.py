@@ -49,6 +49,12 @@ class GpuJobStatusError(GpuJobError):
     """
 
 
+class GpuJobElsewhereError(GpuJobStatusError):
+    """The job runs on another machine whose state this one cannot read (the local backend without a
+    shared state directory). Reading again will not help: the waiting try gives up at once, saying why,
+    and the job is left alone (it is not declared failed)."""
+
+
 class SpotCapacityError(GpuJobError):
     """Spot capacity could not be read (EC2 refused the call, e.g. missing permissions): unlike a
     timeout, ``soft_fail`` does not turn this into a skip."""

@@ -39,6 +39,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -74,11 +75,12 @@ from gpu_provider.backends.base import (
     LogChunk,
     PollResult,
     TaskKey,
+    clip_line,
     lookup_key,
     map_state,
     provider_config,
 )
-from gpu_provider.exceptions import GpuJobError, GpuJobStatusError
+from gpu_provider.exceptions import GpuJobElsewhereError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources
 
 log = logging.getLogger(__name__)
@@ -147,6 +149,15 @@ def default_state_dir() -> Path:
     return (Path(home).expanduser() / "gpu_provider" / "local").absolute()
 
 
+#: how much of the end of a job's log :meth:`LocalBackend.output_tail` reads
+_TAIL_BYTES = 64 * 1024
+
+
+def this_host() -> str:
+    """The name of the machine this process runs on, as recorded on the jobs it submits."""
+    return socket.gethostname()
+
+
 def _strip_cancel_prefix(reason: str) -> str:
     return reason[len(names.CANCEL_PREFIX) :] if reason.startswith(names.CANCEL_PREFIX) else reason
 
@@ -174,6 +185,14 @@ class LocalBackend(Backend):
     :param run_as_user: run the job's processes as this user (its uid, primary group and groups),
         like Airflow's ``run_as_user`` impersonation; default ``[gpu_provider] local_run_as_user``,
         else the worker's own user. The worker must run as root. Never from a template.
+    :param working_dir: the folder the job's command runs in, an absolute path (checked when the job is
+        submitted: it must be a folder there). Default: the worker's current folder. Never from a template.
+
+    Jobs run on the machine that submitted them, and their state lives in ``state_dir`` there. Each
+    handle records that machine (``extra["host"]``); a status read, cancel or reattach from another
+    machine (a triggerer elsewhere, a retry on another worker) works only where ``state_dir`` is a
+    folder both machines share, and is refused with :class:`~gpu_provider.exceptions.GpuJobElsewhereError`
+    otherwise, leaving the job alone.
     """
 
     name: ClassVar[str] = "local"
@@ -187,7 +206,7 @@ class LocalBackend(Backend):
         restarts_inside_job=False,
         unique_names=True,  # one folder per attempt name: a second submit of a name adopts the first
     )
-    fixed_options: ClassVar[frozenset[str]] = frozenset({"nvidia_smi", "state_dir", "run_as_user"})
+    fixed_options: ClassVar[frozenset[str]] = frozenset({"nvidia_smi", "state_dir", "run_as_user", "working_dir"})
     #: reading a few local files is cheap: look often
     default_poll_interval: ClassVar[float] = 2.0
 
@@ -201,6 +220,7 @@ class LocalBackend(Backend):
         nvidia_smi: str = "nvidia-smi",
         retention_days: float | str = 7.0,
         run_as_user: str | None = None,
+        working_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if state_dir is not None and not isinstance(state_dir, (str, os.PathLike)):
             raise TypeError(f"state_dir={state_dir!r} ({type(state_dir).__name__}) must be a path string or None")
@@ -216,6 +236,16 @@ class LocalBackend(Backend):
         self.nvidia_smi = nvidia_smi.strip()
         self._run_as_user_arg = parse_run_as_user(run_as_user)
         self._run_as_user_resolved = self._run_as_user_arg is not None
+        if working_dir is not None and not isinstance(working_dir, (str, os.PathLike)):
+            raise TypeError(
+                f"working_dir={working_dir!r} ({type(working_dir).__name__}) must be an absolute path string or None"
+            )
+        folder = os.fspath(working_dir).strip() if working_dir is not None else ""
+        if folder and not os.path.isabs(os.path.expanduser(folder)):
+            raise ValueError(
+                f"working_dir={folder!r} must be an absolute path (the job's command runs in it, on the worker)"
+            )
+        self.working_dir: str | None = os.path.expanduser(folder) if folder else None
 
     # --- configuration -------------------------------------------------------------------------
 
@@ -246,6 +276,7 @@ class LocalBackend(Backend):
             "nvidia_smi": self.nvidia_smi,
             "retention_days": self.retention_days,
             "run_as_user": self.run_as_user,
+            "working_dir": self.working_dir,
         }
 
     @classmethod
@@ -285,8 +316,13 @@ class LocalBackend(Backend):
         return self.state_dir / common.JOBS_DIR
 
     def _job_dir(self, handle: JobHandle) -> Path:
+        """The job's folder: where its host put it, or, read from another host, in this host's state
+        directory (a shared state directory may be mounted elsewhere there)."""
         job_dir = handle.extra.get("job_dir")
-        return Path(job_dir) if job_dir else self._jobs_dir() / handle.job_id
+        host = handle.extra.get("host")
+        if job_dir and (not host or host == this_host()):
+            return Path(job_dir)
+        return self._jobs_dir() / handle.job_id
 
     def _ensure_jobs_dir(self) -> Path:
         """Create the state directory and ``jobs/`` (0700) if needed; refuse a ``jobs/`` that is a link."""
@@ -374,6 +410,11 @@ class LocalBackend(Backend):
                     f"env[{key!r}] is a {type(value).__name__}: environment names and values must be strings"
                 )
         run_as = resolve_run_as(self.run_as_user)
+        if self.working_dir is not None and not os.path.isdir(self.working_dir):
+            raise GpuJobError(
+                f"local job {request.identity.name}: working_dir={self.working_dir!r} is not a folder on this "
+                f"machine ({this_host()}); create it, or point working_dir at the job's code"
+            )
         if request.image:
             _log_once(
                 "image",
@@ -409,7 +450,7 @@ class LocalBackend(Backend):
             attempt=identity.attempt,
             capacity=request.capacity,
             submitted_at=submitted_at,
-            extra={"job_dir": str(job_dir)},
+            extra={"job_dir": str(job_dir), "host": this_host()},
         )
         work_dir: str | None = None
         if run_as is not None:
@@ -436,7 +477,8 @@ class LocalBackend(Backend):
             "command": list(request.command),
             # names only: the values go to the supervisor over a pipe and never touch the disk
             "env_keys": sorted(request.env),
-            "cwd": os.getcwd(),
+            "cwd": self.working_dir or os.getcwd(),
+            "host": this_host(),
             "run_as": run_as,
             "work_dir": work_dir,
             "resources": request.resources.to_dict(),
@@ -572,14 +614,34 @@ class LocalBackend(Backend):
         for handle in handles:
             try:
                 result[handle.job_id] = self._status(handle)
+            except GpuJobElsewhereError as err:
+                result[handle.job_id] = err
             except (GpuJobError, OSError, ValueError, KeyError, TypeError) as err:
                 result[handle.job_id] = GpuJobStatusError(
                     f"local job {handle.job_id}: its state in {self._job_dir(handle)} cannot be read: {err}"
                 )
         return result
 
+    def _elsewhere(self, handle: JobHandle, job_dir: Path) -> bool:
+        """Whether the job runs on another machine; raise when its state cannot be read from this one."""
+        host = handle.extra.get("host")
+        here = this_host()
+        if not host or host == here:
+            return False
+        if os.path.lexists(job_dir / common.REQUEST_FILE):
+            return True  # a shared state directory: its files are the truth, its processes are not ours to see
+        raise GpuJobElsewhereError(
+            f"local job {handle.job_id} runs on host {host!r}, and this process runs on {here!r}, which cannot "
+            f"see its state ({job_dir} is not here). The local backend keeps a job's state on the machine "
+            "that started it: run the task's worker and triggerer on one machine (or deferrable=False), or set "
+            "[gpu_provider] local_state_dir to a folder every worker and triggerer host mounts; across "
+            "machines, use a remote backend such as batch. The job was left alone; a retry on "
+            f"{host!r} reattaches to it"
+        )
+
     def _status(self, handle: JobHandle) -> JobStatus:
         job_dir = self._job_dir(handle)
+        elsewhere = self._elsewhere(handle, job_dir)
         request = common.read_json(job_dir / common.REQUEST_FILE)
         if request is None:
             if os.path.lexists(job_dir):
@@ -593,7 +655,8 @@ class LocalBackend(Backend):
             )
         status = common.read_json(job_dir / common.STATUS_FILE) or {"state": common.QUEUED}
         map_state(STATE_TABLE, str(status.get("state")), backend=self.name)  # an unknown state is an error
-        if status.get("state") not in common.TERMINAL_STATES:
+        if status.get("state") not in common.TERMINAL_STATES and not elsewhere:
+            # another host's supervisor cannot be seen from here: its status file is the truth
             status = self._check_supervisor(job_dir, request, status)
         state = map_state(STATE_TABLE, str(status.get("state")), backend=self.name)
         reason = _strip_cancel_prefix(str(status.get("reason") or ""))
@@ -704,6 +767,7 @@ class LocalBackend(Backend):
         Takes no lock: safe in a signal handler.
         """
         job_dir = self._job_dir(handle)
+        elsewhere = self._elsewhere(handle, job_dir)
         status = common.read_json(job_dir / common.STATUS_FILE)
         if status is None or status.get("state") in common.TERMINAL_STATES:
             return
@@ -712,6 +776,8 @@ class LocalBackend(Backend):
                 common.write_json_atomic(job_dir / common.CANCEL_FILE, {"reason": reason, "at": time.time()})
             except OSError as err:  # stop the job all the same; only the reason is lost
                 log.warning("local job %s: cancel reason not recorded (%s); stopping it anyway", handle.job_id, err)
+        if elsewhere:
+            return  # its supervisor, on its own host, reads cancel.json; pids here are not its pids
         pid, pid_start = self._supervisor(job_dir, status)
         if pid is not None and common.is_alive(pid, pid_start):
             try:
@@ -872,4 +938,21 @@ class LocalBackend(Backend):
         return read_log(self._job_dir(handle) / common.LOG_FILE, cursor, max_bytes)
 
     def console_url(self, handle: JobHandle) -> str | None:
-        return (self._job_dir(handle) / common.LOG_FILE).as_uri()
+        """None: the job's log is a file on the worker, which no browser can open from the Airflow UI;
+        the task log holds its lines and names its path."""
+        return None
+
+    def output_tail(self, handle: JobHandle, lines: int = 20) -> list[str]:
+        """The last ``lines`` complete lines of ``job.log``, from its last 64 KiB (each cut like every log line)."""
+        path = self._job_dir(handle) / common.LOG_FILE
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - _TAIL_BYTES))
+                data = f.read(_TAIL_BYTES)
+        except OSError:
+            return []
+        text = data.decode("utf-8", errors="replace").splitlines()
+        if len(data) == _TAIL_BYTES and size > _TAIL_BYTES:
+            text = text[1:]  # the first line was cut by the seek
+        return [clip_line(line) for line in text[-lines:]] if lines > 0 else []

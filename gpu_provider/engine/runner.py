@@ -18,8 +18,18 @@ from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, 
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Wait, describe
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, AttemptWatch
-from gpu_provider.exceptions import GpuJobCancelledError, GpuJobDeadlineError, GpuJobPollError, GpuJobStatusError
+from gpu_provider.exceptions import (
+    GpuJobCancelledError,
+    GpuJobDeadlineError,
+    GpuJobError,
+    GpuJobFailedError,
+    GpuJobPollError,
+    GpuJobStatusError,
+)
 from gpu_provider.records import AttemptRecord
+
+#: lines of a failed job's output quoted in the task's error
+OUTPUT_TAIL_LINES = 20
 
 
 def recover(backend: Backend, task: TaskKey, stored: list[AttemptRecord], log: Any) -> list[AttemptRecord]:
@@ -213,6 +223,22 @@ class AttemptRunner:
         return engine.ended(record, stopped_by_kill=self.stop.is_set())
 
     # --- the end of a try ------------------------------------------------------------------------
+    def explain(self, step: Fail) -> GpuJobError:
+        """The error a failing try raises: a job's own failure quotes the last lines of its output, so
+        the cause (``No module named ...``) is in the task's error, not only an exit code."""
+        record = step.record
+        if not isinstance(step.error, GpuJobFailedError) or record is None or record.state is not JobState.FAILED:
+            return step.error
+        try:
+            tail = self.backend.output_tail(record.handle, OUTPUT_TAIL_LINES)
+        except Exception as err:  # the error stands without them
+            self.log.warning("Could not read the end of %s's output: %s", self.where(record), err)
+            return step.error
+        if not tail:
+            return step.error
+        quoted = "\n".join(f"    {line}" for line in tail)
+        return GpuJobFailedError(f"{step.error}\nThe last {len(tail)} lines of the job's output:\n{quoted}")
+
     def succeed(self, record: AttemptRecord, checkpoint_uri: str | None) -> dict[str, Any]:
         """Collect a succeeded attempt: its declared output (read from its log if not seen yet), the result."""
         if not record.output_uri:

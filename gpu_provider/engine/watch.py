@@ -14,7 +14,7 @@ from typing import Any
 
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
 from gpu_provider.engine.logs import LogForwarder
-from gpu_provider.exceptions import GpuBackendThrottledError
+from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobElsewhereError
 from gpu_provider.names import CAPACITY_TIMEOUT, EVENT_DEADLINE, EVENT_QUEUE_TIMEOUT
 
 #: failed status reads in a row before the wait gives up (the job may still run; a retry reattaches)
@@ -81,6 +81,8 @@ class AttemptWatch:
         if isinstance(err, GpuBackendThrottledError):
             self.log.warning("%s; still waiting for job %s.", err, self.handle.job_id)
             return None
+        if isinstance(err, GpuJobElsewhereError):  # another machine's job: asking again cannot help
+            return str(err)
         self.errors += 1
         if self.errors >= MAX_POLL_ERRORS:
             return (

@@ -117,6 +117,13 @@ class GpuJobOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("command", "backend", "image", "env", "checkpoint_uri")
     template_fields_renderers = {"command": "py", "env": "json", "backend": "json"}
+
+    def get_template_env(self, dag: Any = None) -> Any:
+        """Airflow's template environment, with the provider's filters (``path_segment``)."""
+        from gpu_provider.templates import add_filters
+
+        return add_filters(super().get_template_env(dag))
+
     ui_color = "#c9f0d6"
     # runtime-only state (a lock inside) is shared, not deep-copied, when Airflow copies the task
     shallow_copy_attrs: Sequence[str] = ("_stop",)
@@ -322,7 +329,7 @@ class GpuJobOperator(BaseOperator):
                 # the run of the job ends here unless an Airflow retry continues it (same budget, same history)
                 retried = not isinstance(step.error, GpuJobStoppedError) and plan.try_number <= int(self.retries or 0)
                 runner.collect(None if retried else step.record)
-                raise step.error
+                raise runner.explain(step)
             if isinstance(step, Succeed):
                 return runner.succeed(step.record, plan.checkpoint_uri)
             if isinstance(step, Submit):

@@ -200,7 +200,9 @@ def test_supervisor_does_not_import_airflow() -> None:
 
 
 def test_options_round_trip(tmp_path: Path) -> None:
-    backend = LocalBackend(state_dir=str(tmp_path), simulate_preemptions=[8, 5], grace_period=3, gpus=[0, 1])
+    backend = LocalBackend(
+        state_dir=str(tmp_path), simulate_preemptions=[8, 5], grace_period=3, gpus=[0, 1], working_dir="/srv/jobs"
+    )
     options = json.loads(json.dumps(backend.options()))
     assert options == {
         "state_dir": str(tmp_path),
@@ -210,6 +212,7 @@ def test_options_round_trip(tmp_path: Path) -> None:
         "nvidia_smi": "nvidia-smi",
         "retention_days": 7.0,
         "run_as_user": None,
+        "working_dir": "/srv/jobs",
     }
     rebuilt = LocalBackend.from_options(**options)
     assert rebuilt == backend
@@ -375,7 +378,7 @@ def test_success_output_uri_and_gpu_seconds(local: Local) -> None:
     assert status.ended_at - status.started_at >= 0.3
     # 2 GPUs x 2 nodes for the time the job ran (requested GPUs count even on a CPU-only machine)
     assert status.gpu_seconds == pytest.approx(4 * (status.ended_at - status.started_at))
-    assert local.backend.console_url(handle) == "file://" + handle.extra["job_dir"] + "/job.log"
+    assert local.backend.console_url(handle) is None  # a file on the worker: no browser opens it from the UI
 
 
 def test_failing_node_stops_the_others(local: Local) -> None:

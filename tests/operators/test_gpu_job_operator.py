@@ -417,3 +417,44 @@ def test_mapped_tasks_get_their_own_jobs_and_the_task_copies_cleanly(harness: Ha
     assert names[0].endswith("-m0-t1-a1") and names[1].endswith("-m1-t1-a1")
     for out in outs:
         assert (Path(out) / "result.json").exists()
+
+
+def test_working_dir_runs_the_job_in_its_folder_and_a_failure_quotes_the_job_output(harness: Harness) -> None:
+    """The typical deployment mistake: the job imports a module of its own folder, but runs in the
+    worker's folder. With working_dir= it runs; without, the task's error shows the job's own words."""
+    code = harness.tmp / "job_code"
+    code.mkdir()
+    (code / "helper.py").write_text("def main():\n    print('helper ran in', __import__('os').getcwd())\n")
+    command = [sys.executable, "-c", "import helper; helper.main()"]
+    dag = harness.write_dag(
+        "workdir",
+        f"""
+        GpuJobOperator(
+            task_id="in_its_folder",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}, working_dir={str(code)!r}),
+            command={command!r},
+            poll_interval=0.3,
+        )
+        GpuJobOperator(
+            task_id="in_the_workers_folder",
+            backend=LocalBackend(state_dir={str(harness.state_dir)!r}),
+            command={command!r},
+            poll_interval=0.3,
+        )
+        """,
+    )
+    run = harness.run(dag, "workdir")
+    assert run.task("in_its_folder")["state"] == "success", run.log[-3000:]
+    assert f"helper ran in {code}" in run.log
+    assert run.task("in_the_workers_folder")["state"] == "failed"
+    error = run.log[run.log.index("ended FAILED") :]
+    assert "lines of the job's output:" in error
+    assert "ModuleNotFoundError: No module named 'helper'" in error.split("lines of the job's output:", 1)[1]
+
+
+def test_working_dir_must_be_an_absolute_path() -> None:
+    from gpu_provider.backends.local import LocalBackend
+
+    with pytest.raises(ValueError, match=r"working_dir='jobs/train' must be an absolute path"):
+        LocalBackend(working_dir="jobs/train")
+    assert "working_dir" in LocalBackend.fixed_options  # a place on disk: never from a template

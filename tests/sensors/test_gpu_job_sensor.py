@@ -36,6 +36,14 @@ from tests.scripted import ScriptedBackend, scripted  # noqa: F401 (fixture)
 SENSOR_IMPORT = "from gpu_provider.sensors.gpu_job import GpuJobSensor\n"
 
 
+class LinkedLocalBackend(LocalBackend):
+    """The local backend with a console page per job, as the cloud backends have (the local backend
+    itself has none): for the tests of the sensor's "GPU job" link."""
+
+    def console_url(self, handle: JobHandle) -> str | None:
+        return f"https://console.example/jobs/{handle.job_id}"
+
+
 def _request(task: TaskKey, command: list[str], *, attempt: int = 1, capacity: str = names.ON_DEMAND) -> JobRequest:
     return JobRequest(
         identity=JobIdentity(task, try_number=1, attempt=attempt, capacity=capacity),
@@ -254,7 +262,7 @@ def test_follow_resubmits_waits_for_the_next_attempt_of_the_same_task(harness: H
 def test_poke_mode_follows_a_lost_job_to_the_next_attempt(tmp_path: Path) -> None:
     """The service forgets the job while the sensor pokes (its folder is gone: ``lost``, an interruption
     the operator resubmits): the task instance was read while the job was known, so the next attempt is found."""
-    backend = LocalBackend(state_dir=str(tmp_path / "state"), grace_period=0.5)
+    backend = LinkedLocalBackend(state_dir=str(tmp_path / "state"), grace_period=0.5)
     task = _task("lost")
     first = backend.submit(_request(task, _py("import time; time.sleep(60)"), capacity=names.SPOT))
     try:
@@ -363,7 +371,7 @@ def test_a_throttled_poke_is_not_yet_and_the_next_one_reads_the_job(
 
 
 def test_trigger_round_trips_through_json_and_its_event_completes_the_sensor(tmp_path: Path) -> None:
-    backend = LocalBackend(state_dir=str(tmp_path / "state"), grace_period=0.5)
+    backend = LinkedLocalBackend(state_dir=str(tmp_path / "state"), grace_period=0.5)
     handle = backend.submit(_request(_task("round_trip"), _py("import time; time.sleep(1); print('ok')")))
     try:
         sensor = GpuJobSensor(task_id="s", backend=backend, job_id=handle.job_id, poll_interval=0.2, timeout=60)
