@@ -34,7 +34,6 @@ data root come from the deployment, read when the file is parsed:
 from __future__ import annotations
 
 import os
-import re
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -71,11 +70,6 @@ def _data_root() -> str:
     return root.rstrip("/")
 
 
-def _path_segment(text: str) -> str:
-    """``text`` as one folder name: run ids are chosen by whoever triggers a run, so no ``/`` or ``..``."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", text.replace(":", "-"))
-
-
 _BACKEND = os.environ.get("GPU_PIPELINE_BACKEND", "local")
 _CAPS = backend_class(_BACKEND).capabilities  # what the backend can run: read, not assumed per name
 _BACKENDS = ["local", "batch"]  # the backends this example is shaped for
@@ -86,6 +80,8 @@ _DATA_ROOT = _data_root()
 _PYTHON = {"local": sys.executable, "batch": "python"}
 
 WEEK = _DATA_ROOT + "/{{ data_interval_start | ds }}"
+# run ids are chosen by whoever triggers a run and hold ':' and '+': the provider's path_segment filter
+# (gpu_provider.templates) makes one storage-safe folder name of them
 RUN = WEEK + "/runs/{{ run_id | path_segment }}"
 CHECKPOINTS = RUN + "/checkpoints"
 MODEL = RUN + "/model"
@@ -108,7 +104,6 @@ with DAG(
     tags=["gpu", "example"],
     default_args={"retries": 1, "retry_delay": timedelta(seconds=5)},
     user_defined_macros={"job_python": _PYTHON},
-    user_defined_filters={"path_segment": _path_segment},
     # The trigger form: only enums and bounded numbers (see the module docstring).
     params={
         "preprocess_backend": Param(_BACKEND, type="string", enum=_BACKENDS, title="Backend: preprocess"),

@@ -105,6 +105,13 @@ class CheckpointSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("uri", "newer_than")
+
+    def get_template_env(self, dag: Any = None) -> Any:
+        """Airflow's template environment, with the provider's filters (``path_segment``)."""
+        from gpu_provider.templates import add_filters
+
+        return add_filters(super().get_template_env(dag))
+
     ui_color = "#e8f1fb"
 
     def __init__(

@@ -113,6 +113,13 @@ class GpuJobSensor(BaseSensorOperator):
 
     template_fields: Sequence[str] = ("backend", "job_id", "job_name")
     template_fields_renderers = {"backend": "json"}
+
+    def get_template_env(self, dag: Any = None) -> Any:
+        """Airflow's template environment, with the provider's filters (``path_segment``)."""
+        from gpu_provider.templates import add_filters
+
+        return add_filters(super().get_template_env(dag))
+
     ui_color = "#d6e9c9"
     operator_extra_links = (GpuJobConsoleLink(), GpuJobLogsLink())
 

@@ -278,7 +278,11 @@ def test_a_bad_data_root_from_the_deployment_fails_the_parse(
 
 
 def test_a_run_id_becomes_one_folder_name(airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    segment = load_dag(monkeypatch).user_defined_filters["path_segment"]
+    from gpu_provider.templates import path_segment as segment
+
+    train = load_dag(monkeypatch).get_task("train")  # the DAG sets no filter: the operator brings it
+    rendered = train.render_template("{{ run_id | path_segment }}", {"run_id": "scheduled__2026-03-02T00:00:00+00:00"})
+    assert rendered == "scheduled__2026-03-02T00-00-00_00-00"
     assert segment("manual__2026-03-02T00:00:00+00:00") == "manual__2026-03-02T00-00-00_00-00"
     assert segment("../../etc/cron.d") == "______etc_cron_d"
 
