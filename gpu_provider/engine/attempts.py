@@ -82,6 +82,13 @@ def describe(backend_name: str, record: AttemptRecord) -> str:
     return f"{backend_name} job {record.name} (id {record.job_id}, attempt {record.attempt}, {record.capacity})"
 
 
+def said(record: AttemptRecord) -> str:
+    """The attempt's reason, to be followed by a full stop: a reason that ends a sentence itself
+    (Batch's ``Host EC2 (instance i-0abc) terminated.``) does not get a second one."""
+    reason = (record.reason or "no reason given").rstrip()
+    return reason[:-1] if reason.endswith(".") and not reason.endswith("..") else reason
+
+
 class AttemptEngine:
     """Decides the next step of one try of a task instance.
 
@@ -184,7 +191,7 @@ class AttemptEngine:
                 return Fail(GpuJobCancelledError(f"{where} was cancelled because this task was killed."), record)
             return Fail(
                 GpuJobCancelledError(
-                    f"{where} was CANCELLED: {record.reason or 'no reason given'}. It was stopped outside this "
+                    f"{where} was CANCELLED: {said(record)}. It was stopped outside this "
                     "task, on purpose, so Airflow does not retry it; clear the task to run it again."
                 ),
                 record,
@@ -198,7 +205,7 @@ class AttemptEngine:
         exit_code = f" (exit code {record.exit_code})" if record.exit_code is not None else ""
         return Fail(
             GpuJobFailedError(
-                f"{where} ended FAILED: {record.reason or 'no reason given'}{exit_code}. This is the job's own "
+                f"{where} ended FAILED: {said(record)}{exit_code}. This is the job's own "
                 f"error, not an interruption. {next_step}"
             ),
             record,
@@ -215,7 +222,7 @@ class AttemptEngine:
         if len(interruptions) > budget:
             return Fail(
                 GpuJobInterruptionBudgetError(
-                    f"{where} ended {record.state.value}: {record.reason or 'no reason given'}. {what.capitalize()}, "
+                    f"{where} ended {record.state.value}: {said(record)}. {what.capitalize()}, "
                     f"but this task has now been interrupted {len(interruptions)} times and its interruption budget "
                     f"(max_interruptions={budget}) is spent; not resubmitting, and Airflow does not retry this. "
                     "Raise max_interruptions or use capacity='on_demand', then clear the task."
@@ -224,7 +231,7 @@ class AttemptEngine:
             )
         step = self.next_submit(delay=self.policy.backoff_delay(len(interruptions)))
         self.note = (
-            f"{where} ended {record.state.value}: {record.reason or 'no reason given'}. {what.capitalize()}; "
+            f"{where} ended {record.state.value}: {said(record)}. {what.capitalize()}; "
             f"resubmitting on {step.capacity} (attempt {step.attempt}, interruption {len(interruptions)} of at "
             f"most {budget})" + (f" in {step.delay:.1f}s" if step.delay else "") + "."
         )
