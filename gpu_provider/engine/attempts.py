@@ -84,9 +84,10 @@ def describe(backend_name: str, record: AttemptRecord) -> str:
 
 def said(record: AttemptRecord) -> str:
     """The attempt's reason, to be followed by a full stop: a reason that ends a sentence itself
-    (Batch's ``Host EC2 (instance i-0abc) terminated.``) does not get a second one."""
+    (Batch's ``Host EC2 (instance i-0abc) terminated.``) does not get a second one, and an ellipsis
+    stays three dots."""
     reason = (record.reason or "no reason given").rstrip()
-    return reason[:-1] if reason.endswith(".") and not reason.endswith("..") else reason
+    return reason.removesuffix(".")
 
 
 class AttemptEngine:

@@ -169,3 +169,20 @@ def test_status_and_handle_load_tolerantly() -> None:
 def test_spot_fallback_moves_to_on_demand_after_the_interruption(kind: str) -> None:
     record = _record(1, state=JobState.CANCELLED, interruption=kind)
     assert _engine([record]).ended(record) == Submit(attempt=2, capacity="on-demand")
+
+
+def test_a_reason_that_ends_a_sentence_gets_no_second_full_stop() -> None:
+    """Batch's own words end with a full stop: "Host EC2 (instance i-0abc) terminated." """
+    reclaimed = _record(
+        1, state=JobState.PREEMPTED, interruption=names.PREEMPTED, reason="Host EC2 (instance i-0abc) terminated."
+    )
+    engine = _engine([reclaimed])
+    engine.after_interruption(reclaimed)
+    assert "ended PREEMPTED: Host EC2 (instance i-0abc) terminated. Treated as a spot interruption" in engine.note
+    assert ".." not in engine.note
+    failed = _record(1, "on-demand", JobState.FAILED, reason="Essential container in task exited.", exit_code=1)
+    step = _engine([failed]).ended(failed)
+    assert isinstance(step, Fail)
+    assert "ended FAILED: Essential container in task exited (exit code 1). This is" in str(step.error)
+    cut = _record(1, "on-demand", JobState.FAILED, reason="waiting for GPUs ...")
+    assert "ended FAILED: waiting for GPUs ... This is" in str(_engine([cut]).ended(cut).error)  # three dots
