@@ -34,3 +34,21 @@ def add_filters(env: Any) -> Any:
     for name, function in TEMPLATE_FILTERS.items():
         env.filters.setdefault(name, function)
     return env
+
+
+class WithTemplateFilters:
+    """Mixin (before ``BaseOperator``) giving an operator's templates :data:`TEMPLATE_FILTERS`.
+
+    Airflow's task runner renders with the DAG's environment, mapped tasks through
+    ``_do_render_template_fields`` of the unmapped task: the filters are added there, and in
+    ``get_template_env`` for direct ``render_template`` calls.
+    """
+
+    def get_template_env(self, dag: Any = None) -> Any:
+        return add_filters(super().get_template_env(dag))  # type: ignore[misc]
+
+    def _do_render_template_fields(
+        self, parent: Any, template_fields: Any, context: Any, jinja_env: Any, seen_oids: set[int]
+    ) -> None:
+        add_filters(jinja_env)
+        super()._do_render_template_fields(parent, template_fields, context, jinja_env, seen_oids)  # type: ignore[misc]

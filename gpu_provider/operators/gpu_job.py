@@ -50,6 +50,7 @@ from gpu_provider.operators._fields import (
 )
 from gpu_provider.records import AttemptRecord, dump_records, load_records
 from gpu_provider.recovery import CapacityPolicy, resolve_capacity
+from gpu_provider.templates import WithTemplateFilters
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -83,7 +84,7 @@ class _Plan:
     try_number: int
 
 
-class GpuJobOperator(BaseOperator):
+class GpuJobOperator(WithTemplateFilters, BaseOperator):
     """Run one GPU job on a backend, with spot fallback, checkpoint-resume and reattach.
 
     :param command: the job's command as a list of arguments (templated).
@@ -117,12 +118,6 @@ class GpuJobOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("command", "backend", "image", "env", "checkpoint_uri")
     template_fields_renderers = {"command": "py", "env": "json", "backend": "json"}
-
-    def get_template_env(self, dag: Any = None) -> Any:
-        """Airflow's template environment, with the provider's filters (``path_segment``)."""
-        from gpu_provider.templates import add_filters
-
-        return add_filters(super().get_template_env(dag))
 
     ui_color = "#c9f0d6"
     # runtime-only state (a lock inside) is shared, not deep-copied, when Airflow copies the task

@@ -13,6 +13,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout
 from gpu_provider.exceptions import CheckpointReadError
 from gpu_provider.job import is_templated, safe_repr, validate_checkpoint_uri
 from gpu_provider.runtime.checkpoint import published_checkpoint
+from gpu_provider.templates import WithTemplateFilters
 from gpu_provider.triggers.checkpoint import (
     EVENT_STATUSES,
     SUCCESS,
@@ -74,7 +75,7 @@ def _newer_than(value: Any, *, rendered: bool) -> int | str | None:
     return _step(value, "newer_than")
 
 
-class CheckpointSensor(BaseSensorOperator):
+class CheckpointSensor(WithTemplateFilters, BaseSensorOperator):
     """Wait for a *published* checkpoint at ``uri``: the ``ckpt-<step>`` folder that ``LATEST`` names.
 
     A folder still being written (``.tmp-...``), or a ``ckpt-`` folder that ``LATEST`` does not name
@@ -105,12 +106,6 @@ class CheckpointSensor(BaseSensorOperator):
     """
 
     template_fields: Sequence[str] = ("uri", "newer_than")
-
-    def get_template_env(self, dag: Any = None) -> Any:
-        """Airflow's template environment, with the provider's filters (``path_segment``)."""
-        from gpu_provider.templates import add_filters
-
-        return add_filters(super().get_template_env(dag))
 
     ui_color = "#e8f1fb"
 

@@ -44,6 +44,7 @@ from gpu_provider.operators._fields import (
     configured_poll_interval,
     positive_seconds,
 )
+from gpu_provider.templates import WithTemplateFilters
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -87,7 +88,7 @@ class _Follow:
         )
 
 
-class GpuJobSensor(BaseSensorOperator):
+class GpuJobSensor(WithTemplateFilters, BaseSensorOperator):
     """Wait until a GPU job ends; succeed when it succeeds.
 
     :param job_id: the job's id in its backend (templated). Exactly one of ``job_id`` and ``job_name``.
@@ -113,12 +114,6 @@ class GpuJobSensor(BaseSensorOperator):
 
     template_fields: Sequence[str] = ("backend", "job_id", "job_name")
     template_fields_renderers = {"backend": "json"}
-
-    def get_template_env(self, dag: Any = None) -> Any:
-        """Airflow's template environment, with the provider's filters (``path_segment``)."""
-        from gpu_provider.templates import add_filters
-
-        return add_filters(super().get_template_env(dag))
 
     ui_color = "#d6e9c9"
     operator_extra_links = (GpuJobConsoleLink(), GpuJobLogsLink())
