@@ -371,4 +371,7 @@ def test_a_failing_job_fails_the_task_with_its_exit_code_and_last_log_lines(
     assert "ended FAILED: Essential container in task exited (exit code 3)" in run.log
     # the job exits at once; its last lines still reach the task log (read until the log settles)
     assert "[job] loading data" in run.log and "[job] fatal: no such table" in run.log
+    # and the task's error quotes them: read from the end of the job's stream
+    quoted = run.log[run.log.index("lines of the job's output:") :].splitlines()[1:4]
+    assert any(line.strip().endswith("fatal: no such table") for line in quoted), quoted
     assert len(batch.bodies("SubmitJob")) == 1, "a job's own failure is not resubmitted without retries"

@@ -41,6 +41,7 @@ from gpu_provider.backends.base import (
     PollResult,
     TaskKey,
     _slug,
+    clip_line,
     lookup_key,
     map_state,
     provider_config,
@@ -93,6 +94,8 @@ DEFAULT_VCPUS_PER_GPU = 3
 DEFAULT_MEMORY_MIB_PER_GPU = 12 * 1024
 DEFAULT_LOG_GROUP = "/aws/batch/job"
 DEFAULT_MASTER_PORT = 29500
+#: node streams :meth:`BatchBackend.output_tail` reads from the end (one GetLogEvents each)
+TAIL_STREAMS = 8
 
 #: the multi-node entry wrapper: POSIX sh only, so it works in any image with /bin/sh. It derives
 #: NODE_RANK and MASTER_ADDR from Batch's variables (the main node, which Batch does not tell its
@@ -838,6 +841,33 @@ class BatchBackend(Backend):
 
         lines, more = read_streams(get_page, self.log_group, streams, state, max_bytes)
         return log_chunk(lines, state, more)
+
+    def output_tail(self, handle: JobHandle, lines: int = 20) -> list[str]:
+        """The last ``lines`` log lines of the attempt: one GetLogEvents from the end of each node's
+        stream (at most :data:`TAIL_STREAMS` nodes), merged by time."""
+        streams, _ = self._streams(handle)
+        if not streams or lines <= 0:
+            return []
+        client = self._client("logs")
+        events: list[tuple[int, str]] = []
+        for label, stream in streams[:TAIL_STREAMS]:
+            try:
+                page = call(
+                    "GetLogEvents",
+                    lambda stream=stream: client.get_log_events(  # type: ignore[misc]
+                        logGroupName=self.log_group, logStreamName=stream, startFromHead=False, limit=lines
+                    ),
+                    attempts=POLL_ATTEMPTS,
+                )
+            except Exception as err:
+                if _error_code(err) == "ResourceNotFoundException":
+                    continue
+                raise
+            for event in page.get("events") or []:
+                message = clip_line(str(event.get("message", "")).rstrip("\n"))
+                events.append((int(event.get("timestamp") or 0), label + message))
+        events.sort(key=lambda item: item[0])  # stable: each stream's own order is kept within a tick
+        return [line for _, line in events[-lines:]]
 
     def console_url(self, handle: JobHandle) -> str | None:
         region = str(handle.extra.get("region") or self.region)
