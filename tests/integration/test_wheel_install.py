@@ -77,7 +77,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
             text=True,
         ).stdout.strip()
     )
-    subprocess.run([*pip, "--python", str(python), "install", "--no-deps", str(wheel)], cwd=tmp, check=True)
+    # --ignore-installed: a gpu_provider pip sees through this process's path is not an install of the wheel
+    subprocess.run(
+        [*pip, "--python", str(python), "install", "--no-deps", "--ignore-installed", str(wheel)], cwd=tmp, check=True
+    )
     (site / "_test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     return Installed(wheel=wheel, python=python, site=site, tmp=tmp)
 
