@@ -545,6 +545,7 @@ DEFAULT_BACKEND = "local"
 _REGISTRY: dict[str, str] = {
     "local": "gpu_provider.backends.local.LocalBackend",
     "batch": "gpu_provider.backends.batch.BatchBackend",
+    "kubernetes": "gpu_provider.backends.kubernetes.KubernetesBackend",
 }
 
 
