@@ -36,7 +36,8 @@ REQUEST_TIMEOUT = (10, 60)
 
 def status_of(err: BaseException) -> int:
     """The HTTP status of a ``kubernetes`` ``ApiException`` (0 for anything else)."""
-    return int(getattr(err, "status", 0) or 0) if type(err).__name__ == "ApiException" else 0
+    is_api = any(cls.__name__ == "ApiException" for cls in type(err).__mro__)
+    return int(getattr(err, "status", 0) or 0) if is_api else 0
 
 
 def is_retryable(err: BaseException) -> bool:
