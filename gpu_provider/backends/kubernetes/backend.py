@@ -811,7 +811,12 @@ class KubernetesBackend(Backend):
 
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt of the task instance in the namespace, found by its labels (run hash, map index)."""
-        selector = f"{MANAGED_BY}={MANAGER},{names.TAG_RUN_HASH}={task.run_hash},{names.TAG_MAP_INDEX}={map_index_label(task.map_index)}"
+        labels = (
+            f"{MANAGED_BY}={MANAGER}",
+            f"{names.TAG_RUN_HASH}={task.run_hash}",
+            f"{names.TAG_MAP_INDEX}={map_index_label(task.map_index)}",
+        )
+        selector = ",".join(labels)
         handles = [self._handle(obj, kind) for kind, obj in self._objects(selector) if _task_of(obj) == task]
         return sorted(handles, key=lambda h: (h.attempt, h.submitted_at))
 
