@@ -274,7 +274,8 @@ def test_shipped_priority_classes_and_rbac_validate_and_cover_what_the_backend_u
         for verb in r["verbs"]
     }
     needed = {
-        ("", "pods", "create"), ("", "pods", "list"), ("", "pods", "patch"), ("", "pods", "delete"), ("", "pods", "get"),
+        ("", "pods", "create"), ("", "pods", "list"), ("", "pods", "patch"), ("", "pods", "delete"),
+        ("", "pods", "get"),
         ("", "pods/log", "get"), ("", "services", "create"), ("", "services", "delete"),
         ("", "events", "create"), ("", "events", "list"),
         ("batch", "jobs", "create"), ("batch", "jobs", "list"), ("batch", "jobs", "patch"), ("batch", "jobs", "delete"),
