@@ -227,6 +227,8 @@ class KubernetesEmulator:
         self.unpullable: set[str] = set()
         self.secrets: dict[tuple[str, str], dict[str, str]] = {}
         self._shortage: set[str] = set()
+        self._reclaim_rules: list[list[Any]] = []  # [seconds, name_contains, count left]
+        self._reclaim_at: dict[tuple[str, str], float] = {}
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._store: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in _KINDS}
@@ -335,6 +337,12 @@ class KubernetesEmulator:
             self._store["nodes"].pop(("", node), None)
             return str(node)
 
+    def reclaim_after(self, seconds: float, *, name_contains: str = "", count: int = 1) -> None:
+        """Reclaim the spot node of the next ``count`` pods on spot nodes (with ``name_contains`` in their
+        name) ``seconds`` after each starts running."""
+        with self._lock:
+            self._reclaim_rules.append([seconds, name_contains, count])
+
     def forget(self, kind: str, name: str, namespace: str = "default") -> None:
         """Remove an object (and its Events) as if garbage-collected long ago."""
         with self._lock:
@@ -371,6 +379,8 @@ class KubernetesEmulator:
         self.unpullable.clear()
         with self._lock:
             self._shortage.clear()
+            self._reclaim_rules.clear()
+            self._reclaim_at.clear()
             for kind in ("jobs", "pods", "services"):
                 for key in list(self._store[kind]):
                     self._delete(kind, key, "Background", grace=0)
@@ -571,6 +581,9 @@ class KubernetesEmulator:
             status, spec, meta = pod["status"], pod["spec"], pod["metadata"]
             phase = status.get("phase")
             container = self._containers.get(key)
+            if key in self._reclaim_at and now >= self._reclaim_at[key] and phase == "Running":
+                del self._reclaim_at[key]
+                self.reclaim(key[1], key[0])
             if container is not None:
                 if container.proc.poll() is not None:
                     if meta.get("deletionTimestamp"):
@@ -669,6 +682,12 @@ class KubernetesEmulator:
             start_new_session=True,
         )
         self._containers[key] = Container(proc)
+        if (pod["spec"].get("nodeSelector") or {}).get(CAPACITY_TYPE) == "spot":
+            for rule in self._reclaim_rules:
+                if rule[2] > 0 and rule[1] in key[1]:
+                    rule[2] -= 1
+                    self._reclaim_at[key] = now + rule[0]
+                    break
         pod["metadata"]["_started"] = now
         started = now_rfc3339(now)
         pod["status"].update({"phase": "Running", "startTime": started, "podIP": "127.0.0.1", "hostIP": "127.0.0.1"})
@@ -901,7 +920,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         kind, ns, name, sub = match.group("kind"), match.group("ns"), match.group("name"), match.group("sub")
         watching = query.get("watch") in ("true", "1")
-        verb = {"GET": "get" if name else ("watch" if watching else "list")}.get(method, method.lower())
+        verbs = {"GET": "get" if name else ("watch" if watching else "list"), "POST": "create"}
+        verb = verbs.get(method, method.lower())
         action = f"{verb} {kind}" + (f"/{sub}" if sub else "")
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""

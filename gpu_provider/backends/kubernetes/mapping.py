@@ -123,13 +123,17 @@ def pod_remote_state(pod: Mapping[str, Any]) -> tuple[str, str]:
         disrupted = condition(pod, "DisruptionTarget")
         terminated = state.get("terminated") or {}
         if disrupted is not None:
-            return "Failed:DisruptionTarget", _words(disrupted.get("reason"), disrupted.get("message"))
+            return "Failed:DisruptionTarget", _words(
+                "DisruptionTarget", disrupted.get("reason"), disrupted.get("message")
+            )
         reason = str(status.get("reason") or "")
         if reason in _TAKEN_REASONS or reason == "DeadlineExceeded":
             return f"Failed:{reason}", _words(reason, status.get("message"))
         return "Failed", _words(terminated.get("reason"), terminated.get("message"))
     if phase == "Running" and (disrupted := condition(pod, "DisruptionTarget")) is not None:
-        return "Running", "being stopped: " + _words(disrupted.get("reason"), disrupted.get("message"))
+        return "Running", "being stopped: " + _words(
+            "DisruptionTarget", disrupted.get("reason"), disrupted.get("message")
+        )
     return phase, str(status.get("reason") or "")
 
 
