@@ -646,7 +646,14 @@ class KubernetesEmulator:
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()},
         ]
         pod["status"]["containerStatuses"] = [
-            {"name": "main", "ready": False, "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}
+            {
+                "name": "main",
+                "image": str(pod["spec"]["containers"][0].get("image") or ""),
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }
         ]
         self._phase_since[key] = now
         self._touch("pods", pod, "MODIFIED")
@@ -919,7 +926,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, ApiError(404, "NotFound", f"the server could not find {url.path}").body())
             return
         kind, ns, name, sub = match.group("kind"), match.group("ns"), match.group("name"), match.group("sub")
-        watching = query.get("watch") in ("true", "1")
+        watching = str(query.get("watch")).lower() in ("true", "1")
         verbs = {"GET": "get" if name else ("watch" if watching else "list"), "POST": "create"}
         verb = verbs.get(method, method.lower())
         action = f"{verb} {kind}" + (f"/{sub}" if sub else "")

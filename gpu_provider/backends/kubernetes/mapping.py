@@ -115,7 +115,7 @@ def pod_remote_state(pod: Mapping[str, Any]) -> tuple[str, str]:
             None,
         )
         if scheduled and str(scheduled.get("status")) == "False":
-            return "Pending:Unschedulable", str(scheduled.get("message") or scheduled.get("reason") or "")
+            return "Pending:Unschedulable", _words(scheduled.get("reason") or "Unschedulable", scheduled.get("message"))
         if (pod.get("spec") or {}).get("nodeName"):
             return "Pending:ContainerCreating", "ContainerCreating"
         return "Pending", "waiting to be scheduled"
