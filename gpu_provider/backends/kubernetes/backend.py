@@ -217,10 +217,14 @@ class KubernetesBackend(Backend):
         self.namespace: str = _text("namespace", namespace, "kubernetes_namespace", DEFAULT_NAMESPACE) or ""
         if not is_dns1123_label(self.namespace):
             raise ValueError(f"namespace={self.namespace!r} must be a DNS-1123 label (a Kubernetes namespace name)")
-        self.spot_node_pool = self._pool("spot_node_pool", spot_node_pool, DEFAULT_SPOT_NODE_POOL)
-        self.on_demand_node_pool = self._pool("on_demand_node_pool", on_demand_node_pool, DEFAULT_ON_DEMAND_NODE_POOL)
+        self.spot_node_pool = self._pool(
+            "spot_node_pool", spot_node_pool, "kubernetes_spot_node_pool", DEFAULT_SPOT_NODE_POOL
+        )
+        self.on_demand_node_pool = self._pool(
+            "on_demand_node_pool", on_demand_node_pool, "kubernetes_on_demand_node_pool", DEFAULT_ON_DEMAND_NODE_POOL
+        )
         self.service_account = _text("service_account", service_account, "kubernetes_service_account")
-        self.image_pull_secrets = self._names("image_pull_secrets", image_pull_secrets)
+        self.image_pull_secrets = self._names("image_pull_secrets", image_pull_secrets, "kubernetes_image_pull_secrets")
         self.priority_classes = self._priority_classes(priority_classes)
         self.node_selector = self._node_selector(node_selector)
         self.tolerations = self._tolerations(tolerations)
@@ -254,8 +258,8 @@ class KubernetesBackend(Backend):
     # --- options ------------------------------------------------------------------------------------
 
     @staticmethod
-    def _pool(option: str, value: Any, default: str) -> str:
-        text = _text(option, value, f"kubernetes_{option}", default) or default
+    def _pool(option: str, value: Any, config_key: str, default: str) -> str:
+        text = _text(option, value, config_key, default) or default
         if text == "-":
             return ""
         if label_value_problem(text):
@@ -263,9 +267,9 @@ class KubernetesBackend(Backend):
         return text
 
     @staticmethod
-    def _names(option: str, value: Any) -> tuple[str, ...]:
+    def _names(option: str, value: Any, config_key: str) -> tuple[str, ...]:
         if value is None or value == "":
-            value = provider_config(f"kubernetes_{option}")
+            value = provider_config(config_key)
         items = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
         out = tuple(v for v in items if v)
         for item in out:
