@@ -17,7 +17,8 @@ points a client at it):
   ``ContainerCreating`` the container starts: its command runs as a local process (in its own
   session, ``cwd=job_cwd``), its output is the pod's log, its exit code the container's.
   An image in :attr:`KubernetesEmulator.unpullable` (or containing ``does-not-exist``) waits in
-  ``ErrImagePull``/``ImagePullBackOff`` instead.
+  ``ErrImagePull``/``ImagePullBackOff`` instead. Images are never pulled: a command starting with
+  ``python`` runs this interpreter.
 * The Job controller: one pod per completion index (``<job>-<index>-<random>``, hostname
   ``<job>-<index>``, ``JOB_COMPLETION_INDEX`` and the ``batch.kubernetes.io/job-completion-index``
   annotation), ``podFailurePolicy`` rules (``FailJob`` on pod conditions and exit codes),
@@ -335,6 +336,7 @@ class KubernetesEmulator:
                 else:
                     self._finish_pod(key, other, None, reason="Terminated")
             self._store["nodes"].pop(("", node), None)
+            logger.info("reclaimed spot node %s (pod %s/%s): DisruptionTarget", node, namespace, pod_name)
             return str(node)
 
     def reclaim_after(self, seconds: float, *, name_contains: str = "", count: int = 1) -> None:
@@ -679,6 +681,8 @@ class KubernetesEmulator:
                 self._touch("pods", pod, "MODIFIED")
             return
         command = list(spec_container.get("command") or []) + list(spec_container.get("args") or [])
+        if command and command[0] == "python":  # the image's interpreter: this one (the image is not pulled)
+            command[0] = sys.executable
         proc = subprocess.Popen(
             command,
             cwd=self.job_cwd,
@@ -736,6 +740,7 @@ class KubernetesEmulator:
 
     def _finish_pod(self, key: tuple[str, str], pod: dict[str, Any], code: int | None, *, reason: str = "") -> None:
         meta, status = pod["metadata"], pod["status"]
+        meta["_failed_at"] = time.time()
         now = now_rfc3339()
         started = (_main_state(pod).get("running") or {}).get("startedAt")
         if code is not None and code < 0:
@@ -779,7 +784,15 @@ class KubernetesEmulator:
             by_index: dict[int, list[dict[str, Any]]] = {}
             for pod in pods:
                 by_index.setdefault(int(pod["metadata"]["annotations"][COMPLETION_INDEX]), []).append(pod)
-            failed = [p for p in pods if p["status"].get("phase") == "Failed"]
+            ignored = {p["metadata"]["name"] for p in pods if p["metadata"].get("_ignored")}
+            for pod in pods:
+                candidate = pod["status"].get("phase") == "Failed" and pod["metadata"]["name"] not in ignored
+                if candidate and self._failure_verdict(job, pod) is None:  # an Ignore rule: replaced, not counted
+                    pod["metadata"]["_ignored"] = True
+                    ignored.add(pod["metadata"]["name"])
+            by_index = {i: [p for p in ps if p["metadata"]["name"] not in ignored] for i, ps in by_index.items()}
+            by_index = {i: ps for i, ps in by_index.items() if ps}
+            failed = [p for p in pods if p["status"].get("phase") == "Failed" and p["metadata"]["name"] not in ignored]
             done = {i for i, ps in by_index.items() if any(p["status"].get("phase") == "Succeeded" for p in ps)}
             changed = status.get("failed", 0) != len(failed) or status.get("succeeded", 0) != len(done)
             status["active"] = sum(1 for p in pods if p["status"].get("phase") in ("Pending", "Running"))
@@ -787,7 +800,9 @@ class KubernetesEmulator:
             deadline = spec.get("activeDeadlineSeconds")
             verdict: tuple[str, str] | None = None
             if failed:
-                verdict = self._failure_verdict(job, failed[0])
+                # the controller handles failures as they come: the first pod to fail decides
+                first = min(failed, key=lambda p: (p["metadata"].get("_failed_at", 0.0), p["metadata"]["name"]))
+                verdict = self._failure_verdict(job, first) or ("BackoffLimitExceeded", "")
             elif deadline and now - meta["_started"] > float(deadline):
                 verdict = ("DeadlineExceeded", "Job was active longer than specified deadline")
             if verdict is not None:
@@ -829,7 +844,9 @@ class KubernetesEmulator:
             if changed:
                 self._touch("jobs", job, "MODIFIED")
 
-    def _failure_verdict(self, job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str]:
+    def _failure_verdict(self, job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str] | None:
+        """How the Job controller takes a failed pod: (reason, message) of the Job's failure, ``None``
+        when an ``Ignore`` rule matches (the pod is replaced and not counted)."""
         name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         code = (_main_state(pod).get("terminated") or {}).get("exitCode")
         for i, rule in enumerate((job["spec"].get("podFailurePolicy") or {}).get("rules") or []):
@@ -850,6 +867,8 @@ class KubernetesEmulator:
                     )
             if matched and rule["action"] == "FailJob":
                 return "PodFailurePolicy", matched
+            if matched and rule["action"] == "Ignore":
+                return None
         return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
 
     def _create_job_pod(self, job: dict[str, Any], index: int) -> None:
@@ -993,13 +1012,35 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle("DELETE")
 
 
-def main() -> None:  # pragma: no cover - manual use: python -m emulators.kubernetes KUBECONFIG_PATH
-    with KubernetesEmulator() as emulator:
-        path = emulator.kubeconfig(sys.argv[1] if len(sys.argv) > 1 else "kubeconfig.emulator")
-        print(f"Kubernetes emulator at {emulator.url}; kubeconfig: {path}", flush=True)
+def main(argv: list[str] | None = None) -> None:
+    """``python -m emulators.kubernetes serve --kubeconfig PATH [--ready-file PATH] [--job-cwd DIR]
+    [--reclaim-after SECONDS --reclaim-name-contains TEXT --reclaim-count N]``: serve until SIGTERM."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m emulators.kubernetes")
+    parser.add_argument("command", choices=["serve"])
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--ready-file")
+    parser.add_argument("--job-cwd", default=os.getcwd())
+    parser.add_argument("--node-delay", type=float, default=1.0)
+    parser.add_argument("--reclaim-after", type=float)
+    parser.add_argument("--reclaim-name-contains", default="")
+    parser.add_argument("--reclaim-count", type=int, default=1)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with KubernetesEmulator(job_cwd=args.job_cwd, node_delay=args.node_delay) as emulator:
+        if args.reclaim_after is not None:
+            emulator.reclaim_after(
+                args.reclaim_after, name_contains=args.reclaim_name_contains, count=args.reclaim_count
+            )
+        path = emulator.kubeconfig(args.kubeconfig)
+        if args.ready_file:
+            Path(args.ready_file).write_text(json.dumps({"url": emulator.url, "kubeconfig": str(path)}))
+        logger.info("Kubernetes emulator at %s; kubeconfig %s", emulator.url, path)
         with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
+            stop.wait()
 
 
 if __name__ == "__main__":

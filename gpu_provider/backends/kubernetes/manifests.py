@@ -399,10 +399,19 @@ def pod_manifest(request: JobRequest, placement: Placement) -> dict[str, Any]:
     }
 
 
-#: the podFailurePolicy of multi-node jobs: rule 0 marks a disruption, rule 1 the program's own failure
+#: exit code of a rank stopped by SIGTERM (the runtime helper checkpoints and exits with it): when a
+#: peer is disrupted, the other ranks are told to stop and may fail before the disrupted pod does
+STOPPED_EXIT_CODE = 143
+#: the podFailurePolicy of multi-node jobs: rule 0 marks a disruption (an interruption); rule 1 does not
+#: count a rank that was stopped by SIGTERM (its pod is replaced while the Job lives; the disrupted peer
+#: then fails the Job by rule 0, a deletion or the deadline ends it); rule 2 is the program's own failure
 POD_FAILURE_POLICY = {
     "rules": [
         {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        {
+            "action": "Ignore",
+            "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [STOPPED_EXIT_CODE]},
+        },
         {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "NotIn", "values": [0]}},
     ]
 }
