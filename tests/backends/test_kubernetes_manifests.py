@@ -176,6 +176,11 @@ def test_multi_node_is_an_indexed_job_with_a_headless_service_and_torchrun_rende
     )
     rules = spec["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert rules[1]["action"] == "Ignore" and rules[1]["onExitCodes"]["values"] == [143]
+    assert rules[2] == {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "main", "operator": "NotIn", "values": [0]},
+    }
     assert spec["ttlSecondsAfterFinished"] == 3600 and spec["activeDeadlineSeconds"] == 3600
     pod = spec["template"]["spec"]
     name = job["metadata"]["name"]
