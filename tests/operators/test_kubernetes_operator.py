@@ -201,7 +201,8 @@ def test_worker_crash_then_retry_reattaches_without_a_second_create(
     run = harness.run(dag, "k8s_crash")
     task = run.task()
     assert task["state"] == "success", run.log[-4000:]
-    assert "Reattaching to kubernetes job" in run.log
+    # reattached while it runs or, on a loaded machine where the retry starts late, its result taken
+    assert "Reattaching to kubernetes job" in run.log or "of an earlier try already succeeded" in run.log
     assert kubernetes.count("create pods") == 1, "the retry must not create a second pod"
     assert set(_pids(pid_dir)) == {"1-0"}
 
