@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest"
 	@touch $(STAMP)
 
-## Run the example ML pipeline end to end on the local backend and print what happened.
+## Run the example ML pipeline end to end and print what happened (BACKEND=local|batch|kubernetes;
+## BACKEND=kubernetes CLUSTER=1 with KUBECONFIG set: against that cluster instead of the emulator).
 demo: $(STAMP)
-	@$(BIN)/python scripts/demo.py --backend $(BACKEND)
+	@$(BIN)/python scripts/demo.py --backend $(BACKEND) $(if $(CLUSTER),--cluster)
 
 ## Run the whole test suite, in parallel: most tests wait on processes and polls, not on the CPU, so
 ## more workers than cores pays (measured on 2 cores: see README, Development). TEST_WORKERS=0: serial.

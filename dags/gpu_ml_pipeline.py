@@ -28,7 +28,10 @@ data root come from the deployment, read when the file is parsed:
 * ``GPU_PIPELINE_IMAGE``: the container image of the stages on container backends.
 
 ``make demo`` runs it on the local backend with one simulated interruption during training;
-``make demo BACKEND=batch`` on AWS Batch (an emulator), with one spot job reclaimed during training.
+``make demo BACKEND=batch`` on AWS Batch (an emulator), with one spot job reclaimed during training;
+``make demo BACKEND=kubernetes`` on Kubernetes (an emulated API server and Karpenter), training as a
+2-node indexed job on spot with one node reclaimed. Inference and evaluation share a GPU where the
+backend can: on Kubernetes that needs ``[gpu_provider] kubernetes_fractional_gpu_resource``.
 """
 
 from __future__ import annotations
@@ -72,12 +75,12 @@ def _data_root() -> str:
 
 _BACKEND = os.environ.get("GPU_PIPELINE_BACKEND", "local")
 _CAPS = backend_class(_BACKEND).capabilities  # what the backend can run: read, not assumed per name
-_BACKENDS = ["local", "batch"]  # the backends this example is shaped for
+_BACKENDS = ["local", "batch", "kubernetes"]  # the backends this example is shaped for
 _IMAGE = os.environ.get("GPU_PIPELINE_IMAGE", "")
 _DATA_ROOT = _data_root()
 # The interpreter of the jobs per backend, fixed here: the worker's own on the local backend (it has
 # this package), the image's `python` on container backends. A form param selects a key, never a value.
-_PYTHON = {"local": sys.executable, "batch": "python"}
+_PYTHON = {"local": sys.executable, "batch": "python", "kubernetes": "python"}
 
 WEEK = _DATA_ROOT + "/{{ data_interval_start | ds }}"
 # run ids are chosen by whoever triggers a run and hold ':' and '+': the provider's path_segment filter

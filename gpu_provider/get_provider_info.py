@@ -17,8 +17,9 @@ def get_provider_info() -> dict[str, Any]:
         "name": "GPU jobs",
         # only what this version has: the backends registered in gpu_provider.backends (tests check it)
         "description": (
-            "Run the GPU stages of ML pipelines (preprocessing, distributed training, inference) on AWS Batch "
-            "or local processes, with team pools, priorities, spot capacity with on-demand fallback, "
+            "Run the GPU stages of ML pipelines (preprocessing, distributed training, inference) on AWS Batch, "
+            "Karpenter-provisioned Kubernetes pods or local processes, with team pools, priorities, spot capacity "
+            "with on-demand fallback, "
             "checkpoint-resume and reattach after worker crashes."
         ),
         "versions": [__version__],
@@ -173,6 +174,117 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "string",
                         "example": '{"team-a": "teamA"}',
                         "default": "",
+                    },
+                    "kubernetes_conn_id": {
+                        "description": "Airflow Kubernetes connection the kubernetes backend uses (in-cluster, a "
+                        "kubeconfig path or a kubeconfig in its extras).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "kubernetes_default",
+                        "default": "kubernetes_default",
+                    },
+                    "kubernetes_namespace": {
+                        "description": "Namespace of the pods, jobs and services the kubernetes backend creates.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "gpu-jobs",
+                        "default": "default",
+                    },
+                    "kubernetes_spot_node_pool": {
+                        "description": "Karpenter NodePool of spot attempts (nodeSelector karpenter.sh/nodepool); '-' "
+                        "places by capacity type only.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "gpu-spot",
+                        "default": "gpu-spot",
+                    },
+                    "kubernetes_on_demand_node_pool": {
+                        "description": "Karpenter NodePool of on-demand attempts; '-' places by capacity type only.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "gpu-on-demand",
+                        "default": "gpu-on-demand",
+                    },
+                    "kubernetes_service_account": {
+                        "description": "Service account of the job pods (e.g. one with an IAM role for S3 "
+                        "checkpoints). Empty: the namespace's default.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "gpu-jobs",
+                        "default": "",
+                    },
+                    "kubernetes_image_pull_secrets": {
+                        "description": "Comma-separated Secrets the job pods pull their image with. Empty: none.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "ecr-pull",
+                        "default": "",
+                    },
+                    "kubernetes_priority_classes": {
+                        "description": "JSON mapping of PriorityClass names to the lowest priority= each gets; a job "
+                        "gets the class with the highest bound not above its priority (0 without one). Empty: gpu-low, "
+                        "gpu-normal from 0, gpu-high from 100 (docker/karpenter/priorityclasses.yaml).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": '{"gpu-low": -2147483647, "gpu-normal": 0, "gpu-high": 100}',
+                        "default": "",
+                    },
+                    "kubernetes_node_selector": {
+                        "description": "JSON object of node labels added to every job pod's nodeSelector. Empty: none.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": '{"team": "ml"}',
+                        "default": "",
+                    },
+                    "kubernetes_tolerations": {
+                        "description": "JSON list of tolerations added to the nvidia.com/gpu one on every job pod. "
+                        "Empty: none.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": '[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]',
+                        "default": "",
+                    },
+                    "kubernetes_secrets": {
+                        "description": "JSON mapping of environment variables to Kubernetes Secrets as "
+                        "'secret-name/key' (secretKeyRef: the value never passes through Airflow). Empty: none.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": '{"HF_TOKEN": "hf-token/token"}',
+                        "default": "",
+                    },
+                    "kubernetes_startup_timeout": {
+                        "description": "Seconds from a pod's creation until it must run: a pod still waiting for a "
+                        "node is then given up as a capacity timeout (the capacity policy moves on), one whose "
+                        "container does not start fails. Sized for a GPU node's launch and a large image pull.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "900",
+                        "default": "900",
+                    },
+                    "kubernetes_fractional_gpu_resource": {
+                        "description": "Extended resource a job with gpus below 1 asks one of: a MIG profile "
+                        "(nvidia.com/mig-1g.10gb) or the device plugin's shared resource (nvidia.com/gpu.shared). "
+                        "Empty: fractional GPUs refused.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "nvidia.com/mig-1g.10gb",
+                        "default": "",
+                    },
+                    "kubernetes_dashboard_url": {
+                        "description": "Link shown as the task's console link, with {namespace}, {name} and {kind} "
+                        "filled in. Empty: none.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "https://grafana.example.com/d/pods?var-namespace={namespace}&var-pod={name}",
+                        "default": "",
+                    },
+                    "kubernetes_ttl_after_finished": {
+                        "description": "Seconds an ended multi-node Job and its pods are kept "
+                        "(ttlSecondsAfterFinished).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "3600",
+                        "default": "3600",
                     },
                 },
             }

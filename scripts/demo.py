@@ -9,6 +9,11 @@ the key moments as they happen, and ends with a summary per stage read from the 
 server mode, ``emulators/aws_batch.py``) that this script starts and stops: its job containers
 run as local processes, and the first spot training job's host is "reclaimed" 4 s after it starts,
 so the job ends ``Host EC2 (instance i-...) terminated.`` and is resubmitted to the on-demand queue.
+``--backend kubernetes`` runs every stage as a pod against a local fake Kubernetes API server
+(``emulators/kubernetes.py``, whose nodes stand in for Karpenter's): training is a 2-node indexed
+job on spot, one of its nodes is reclaimed 4 s after it starts (``DisruptionTarget``), and the next
+attempt runs on on-demand, resuming from the checkpoint. With ``--cluster`` (and ``KUBECONFIG`` set)
+it runs against that cluster instead; it says which.
 """
 
 from __future__ import annotations
@@ -40,6 +45,29 @@ _SUFFIX = re.compile(r"(; env keys:.*|\s+\[airflow\.[^\]]*\].*)$")
 
 
 def _environment(backend: str, emulator: dict[str, Any] | None = None) -> dict[str, str]:
+    if backend == "kubernetes":
+        return _kubernetes_environment(_base_environment(backend), emulator)
+    return _aws_environment(_base_environment(backend), emulator)
+
+
+def _kubernetes_environment(env: dict[str, str], emulator: dict[str, Any] | None) -> dict[str, str]:
+    kubeconfig = emulator["kubeconfig"] if emulator is not None else os.environ["KUBECONFIG"].split(os.pathsep)[0]
+    connection = {"conn_type": "kubernetes", "extra": {"kube_config_path": kubeconfig}}
+    env.update(
+        {
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(connection),
+            "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "1",
+            # inference and evaluation share one GPU: a MIG slice (the emulator grants any resource)
+            "AIRFLOW__GPU_PROVIDER__KUBERNETES_FRACTIONAL_GPU_RESOURCE": os.environ.get(
+                "AIRFLOW__GPU_PROVIDER__KUBERNETES_FRACTIONAL_GPU_RESOURCE", "nvidia.com/mig-1g.10gb"
+            ),
+            "GPU_PIPELINE_IMAGE": os.environ.get("GPU_PIPELINE_IMAGE", "gpu-pipeline:demo"),
+        }
+    )
+    return env
+
+
+def _base_environment(backend: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {
@@ -53,6 +81,10 @@ def _environment(backend: str, emulator: dict[str, Any] | None = None) -> dict[s
             "PYTHONUNBUFFERED": "1",
         }
     )
+    return env
+
+
+def _aws_environment(env: dict[str, str], emulator: dict[str, Any] | None) -> dict[str, str]:
     if emulator is not None:
         connection = {
             "conn_type": "aws",
@@ -73,31 +105,15 @@ def _environment(backend: str, emulator: dict[str, Any] | None = None) -> dict[s
     return env
 
 
-class _Emulator:
-    """The AWS Batch emulator as a child process, for ``--backend batch``."""
+class _ChildEmulator:
+    """An emulator as a child process that writes a ready file; echoes the lines worth showing."""
 
-    def __init__(self) -> None:
-        ready = DEMO / "emulator.json"
-        self.log_path = DEMO / "emulator.log"
+    def __init__(self, name: str, argv: list[str], *, label: str, show: tuple[str, ...], logger: str) -> None:
+        ready = DEMO / f"{name}.json"
+        self.log_path = DEMO / f"{name}.log"
         self.log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "emulators.aws_batch",
-                "serve",
-                "--port",
-                "0",
-                "--job-cwd",
-                str(REPO),
-                "--ready-file",
-                str(ready),
-                "--preempt-after",
-                "4",
-                "--preempt-queue",
-                "gpu-spot",
-                "--preempt-name-contains=-train-",
-            ],
+            [sys.executable, "-m", *argv, "--ready-file", str(ready)],
             cwd=REPO,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -107,22 +123,23 @@ class _Emulator:
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the Batch emulator did not start; see {self.log_path}")
+                raise RuntimeError(f"the {label} emulator did not start; see {self.log_path}")
             time.sleep(0.1)
         self.info: dict[str, Any] = json.loads(ready.read_text())
-        self._tail = threading.Thread(target=self._show_batch_side, daemon=True)
+        self._label, self._show, self._logger = label, show, logger
+        self._tail = threading.Thread(target=self._echo, daemon=True)
         self._tail.start()
 
-    def _show_batch_side(self) -> None:
-        """Echo what Batch itself saw of interruptions and failures, as they happen."""
+    def _echo(self) -> None:
+        """Echo what the service itself saw of interruptions and failures, as they happen."""
         with self.log_path.open() as log:
             while self.proc.poll() is None:
                 line = log.readline()
                 if not line:
                     time.sleep(0.2)
                     continue
-                if " preempted: " in line or "-> FAILED" in line:
-                    print("  [batch emulator] " + line.split(" __main__ ", 1)[-1].strip(), flush=True)
+                if any(marker in line for marker in self._show):
+                    print(f"  [{self._label.lower()} emulator] " + line.split(self._logger, 1)[-1].strip(), flush=True)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -133,6 +150,22 @@ class _Emulator:
                 os.killpg(self.proc.pid, 9)
                 self.proc.wait()
         self.log.close()
+
+
+def _batch_emulator() -> _ChildEmulator:
+    """The AWS Batch emulator, for ``--backend batch``: the first spot training job's host is reclaimed."""
+    argv = ["emulators.aws_batch", "serve", "--port", "0", "--job-cwd", str(REPO), "--preempt-after", "4"]
+    argv += ["--preempt-queue", "gpu-spot", "--preempt-name-contains=-train-"]
+    return _ChildEmulator("emulator", argv, label="Batch", show=(" preempted: ", "-> FAILED"), logger=" __main__ ")
+
+
+def _kubernetes_emulator() -> _ChildEmulator:
+    """The fake Kubernetes API server, for ``--backend kubernetes``: one spot training node is reclaimed."""
+    argv = ["emulators.kubernetes", "serve", "--kubeconfig", str(DEMO / "kubeconfig"), "--job-cwd", str(REPO)]
+    argv += ["--reclaim-after", "4", "--reclaim-name-contains=-train-"]
+    return _ChildEmulator(
+        "kubernetes-emulator", argv, label="Kubernetes", show=("reclaimed spot node",), logger=" __main__ "
+    )
 
 
 def _run_child(env: dict[str, str], log_path: Path) -> int:
@@ -227,24 +260,46 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--backend", default="local")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--cluster", action="store_true", help="--backend kubernetes: run against the cluster of $KUBECONFIG"
+    )
     args = parser.parse_args()
     if args.child:
         _child()
         return 0
-    if args.backend not in ("local", "batch"):
-        print(f"make demo BACKEND={args.backend}: the demo runs on 'local' or 'batch'.", file=sys.stderr)
+    if args.backend not in ("local", "batch", "kubernetes"):
+        print(f"make demo BACKEND={args.backend}: the demo runs on 'local', 'batch' or 'kubernetes'.", file=sys.stderr)
+        return 2
+    if args.cluster and (args.backend != "kubernetes" or not os.environ.get("KUBECONFIG")):
+        print("--cluster runs the kubernetes demo against the cluster of $KUBECONFIG: set both.", file=sys.stderr)
         return 2
     shutil.rmtree(DEMO, ignore_errors=True)
     DEMO.mkdir(parents=True)
     log_path = DEMO / "airflow.log"
     started = time.monotonic()
+    emulator: Any = None
     if args.backend == "batch":
         print("airflow-provider-gpu demo: gpu_ml_pipeline on AWS Batch (a local emulator: moto server, jobs run here)")
         print("  preprocess -> train (1 node, spot queue with on-demand fallback; the spot host is reclaimed 4 s in)")
         print("  -> inference (spot queue)")
-        emulator = _Emulator()
+        emulator = _batch_emulator()
         print(f"  Batch emulator at {emulator.info['endpoint_url']}: queues {emulator.info['spot_queue']} (spot), ")
         print(f"  {emulator.info['on_demand_queue']} (on-demand); its log: {emulator.log_path.relative_to(REPO)}")
+    elif args.backend == "kubernetes" and args.cluster:
+        print(
+            "airflow-provider-gpu demo: gpu_ml_pipeline on the Kubernetes cluster of "
+            f"KUBECONFIG={os.environ['KUBECONFIG']}"
+        )
+        print("  (a real cluster: no interruption is injected; Karpenter and the NodePools of docker/karpenter decide)")
+    elif args.backend == "kubernetes":
+        print(
+            "airflow-provider-gpu demo: gpu_ml_pipeline on Kubernetes "
+            "(a local emulator: fake API server, pods run here)"
+        )
+        print("  preprocess -> train (2-node indexed job on spot; one spot node is reclaimed 4 s in) -> inference")
+        emulator = _kubernetes_emulator()
+        print(f"  Kubernetes emulator at {emulator.info['url']}, kubeconfig {emulator.info['kubeconfig']};")
+        print(f"  its log: {emulator.log_path.relative_to(REPO)}")
     else:
         print("airflow-provider-gpu demo: gpu_ml_pipeline on the local backend")
         print("  preprocess -> train (2 nodes, spot with on-demand fallback, one simulated interruption) -> inference")

@@ -51,10 +51,17 @@ def test_every_documented_config_option_is_read_by_the_code() -> None:
     assert options <= literals, f"documented but never read: {sorted(options - literals)}"
 
 
-def test_nothing_in_the_package_imports_kubernetes() -> None:
-    """The cncf-kubernetes provider is an extra (``kubernetes``): the package must work without it."""
+def test_only_the_kubernetes_backend_imports_kubernetes_and_only_when_used() -> None:
+    """The cncf-kubernetes provider is an extra (``kubernetes``): the package must work without it, so
+    only ``backends/kubernetes/`` imports it, inside the functions that build a client."""
     found = []
     for path, tree in modules().items():
+        inside_functions = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for inner in ast.walk(node)
+        }
         for node in ast.walk(tree):
             names = (
                 [alias.name for alias in node.names]
@@ -63,12 +70,14 @@ def test_nothing_in_the_package_imports_kubernetes() -> None:
                 if isinstance(node, ast.ImportFrom)
                 else []
             )
-            found += [
-                f"{path.relative_to(PACKAGE)}: {name}"
+            heavy = [
+                name
                 for name in names
                 if name.split(".")[0] in ("kubernetes", "kubernetes_asyncio")
                 or name.startswith("airflow.providers.cncf")
             ]
+            allowed = path.relative_to(PACKAGE).parts[:2] == ("backends", "kubernetes") and id(node) in inside_functions
+            found += [f"{path.relative_to(PACKAGE)}: {name}" for name in heavy if not allowed]
     assert found == []
 
 

@@ -551,6 +551,7 @@ DEFAULT_BACKEND = "local"
 _REGISTRY: dict[str, str] = {
     "local": "gpu_provider.backends.local.LocalBackend",
     "batch": "gpu_provider.backends.batch.BatchBackend",
+    "kubernetes": "gpu_provider.backends.kubernetes.KubernetesBackend",
 }
 
 

@@ -185,7 +185,7 @@ def test_the_form_offers_no_executable_image_or_path(airflow_home: Path, monkeyp
             "-m",
             f"gpu_provider.examples.{stage}",
         ]
-    assert dag.user_defined_macros["job_python"] == {"local": sys.executable, "batch": "python"}
+    assert dag.user_defined_macros["job_python"] == {"local": sys.executable, "batch": "python", "kubernetes": "python"}
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,7 @@ from gpu_provider.exceptions import GpuJobStatusError
 from gpu_provider.job import GpuResources
 from tests.batch_world import BatchWorld
 from tests.harness import wait_for
+from tests.kubernetes_world import KubernetesWorld
 
 #: seconds between two status reads while a test waits (each read may be an HTTP call)
 POLL_S = 0.2
@@ -290,8 +291,63 @@ class BatchBackendWorld(BackendWorld):
         self.release_capacity()
 
 
+class KubernetesBackendWorld(BackendWorld):
+    """Kubernetes on the fake API server (``emulators/kubernetes.py``): pods run as local processes on
+    emulated Karpenter nodes that come up 0.3 s after a pod asks; a held capacity is a shortage of
+    both capacity types (pods stay ``Pending``, ``Unschedulable``); a preemption reclaims the spot
+    node under the pod. The ``kubernetes`` fixture deletes whatever a test left.
+    """
+
+    name = "kubernetes"
+    held_reason = "capacity"
+
+    def __init__(self, kubernetes: KubernetesWorld) -> None:
+        self.kubernetes = kubernetes
+        self.emulator = kubernetes.emulator
+
+    @classmethod
+    def create(cls, request: pytest.FixtureRequest, tmp_path: Path) -> KubernetesBackendWorld:
+        return cls(request.getfixturevalue("kubernetes"))
+
+    def backend(self) -> Backend:
+        return self.backend_class().from_options()
+
+    def _pod(self, handle: JobHandle) -> str:
+        if handle.extra.get("kind") == "Job":
+            pods = [p for p in self.emulator.objects("pods") if p["metadata"]["labels"].get("job-name") == handle.name]
+            assert pods, f"job {handle.name} has no pods"
+            return str(pods[0]["metadata"]["name"])
+        return handle.name
+
+    def preempt(self, handle: JobHandle) -> None:
+        self.emulator.reclaim(self._pod(handle))
+
+    def hold_capacity(self) -> None:
+        for capacity in names.CAPACITY_TYPES:
+            self.emulator.set_shortage(capacity)
+
+    def release_capacity(self) -> None:
+        for capacity in names.CAPACITY_TYPES:
+            self.emulator.set_shortage(capacity, False)
+
+    def _forget(self, handle: JobHandle) -> None:
+        self.emulator.forget("jobs" if handle.extra.get("kind") == "Job" else "pods", handle.name)
+
+    def break_state(self, handle: JobHandle) -> str:
+        unknown = "Archived"  # not a pod phase today; the shape of one a newer Kubernetes could add
+        self.emulator.report_phase(self._pod(handle), unknown)
+        return unknown
+
+    def cleanup(self) -> None:
+        self.release_capacity()
+
+
 #: every world the suite runs against, by name (the ``world`` fixture's parameters)
-WORLDS: dict[str, type[BackendWorld]] = {"local": LocalBackendWorld, "batch": BatchBackendWorld}
+WORLDS: dict[str, type[BackendWorld]] = {
+    "local": LocalBackendWorld,
+    "batch": BatchBackendWorld,
+    "kubernetes": KubernetesBackendWorld,
+}
 
 
 def worlds_where(capable: Callable[[Capabilities], bool]) -> list[str]:

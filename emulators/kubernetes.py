@@ -1,0 +1,1047 @@
+"""A small fake Kubernetes API server over HTTP, for tests and the demo: enough of the API for the
+official ``kubernetes`` client and the cncf-kubernetes provider's ``KubernetesHook``.
+
+What it serves (JSON, no TLS, no authentication: a kubeconfig from :meth:`KubernetesEmulator.kubeconfig`
+points a client at it):
+
+* Pods, Jobs (``batch/v1``, Indexed completion mode), Services, Events in namespaces; Nodes;
+  create (409 on a name in use), get, list with label selectors (``=``, ``!=``, ``in``, ``notin``,
+  exists) and field selectors (``a.b=c``), ``limit``/``continue`` paging, merge patch, delete with
+  ``propagationPolicy`` (Foreground keeps a Job until its pods are gone; ``ownerReferences`` are
+  garbage-collected), pod logs, and watches (``?watch=true``: newline-delimited events, streamed
+  until ``timeoutSeconds``).
+* A scheduler standing in for Karpenter: a pending pod gets a node of the capacity type and
+  NodePool its ``nodeSelector`` asks for after ``node_delay`` seconds (one node per pod), unless
+  that capacity type is short (:meth:`KubernetesEmulator.set_shortage`: the pod stays ``Pending``
+  with ``PodScheduled=False``, ``Unschedulable``). After ``start_delay`` seconds in
+  ``ContainerCreating`` the container starts: its command runs as a local process (in its own
+  session, ``cwd=job_cwd``), its output is the pod's log, its exit code the container's.
+  An image in :attr:`KubernetesEmulator.unpullable` (or containing ``does-not-exist``) waits in
+  ``ErrImagePull``/``ImagePullBackOff`` instead. Images are never pulled: a command starting with
+  ``python`` runs this interpreter.
+* The Job controller: one pod per completion index (``<job>-<index>-<random>``, hostname
+  ``<job>-<index>``, ``JOB_COMPLETION_INDEX`` and the ``batch.kubernetes.io/job-completion-index``
+  annotation), ``podFailurePolicy`` rules (``FailJob`` on pod conditions and exit codes),
+  ``backoffLimit``, ``activeDeadlineSeconds``; ``Complete``/``SuccessCriteriaMet`` and
+  ``FailureTarget``/``Failed`` conditions. Pods' ``activeDeadlineSeconds`` too.
+* Faults from tests: :meth:`reclaim` takes a spot node back (its pods get a ``DisruptionTarget``
+  condition, SIGTERM, and end ``Failed``), :meth:`set_shortage`, :meth:`forget` (an object vanishes
+  without a trace), :meth:`report_phase` (a phase no Kubernetes has), request throttling through
+  :class:`emulators.core.Faults` (HTTP 429), and a request log (:class:`emulators.core.RequestLog`).
+
+What it does not do, on purpose: no admission, no schema validation (tests validate manifests with
+``kubernetes-validate``), no RBAC, no resource accounting (a node per pod, any number), no
+restarts (``restartPolicy`` is taken as ``Never``), no ``ttlSecondsAfterFinished``, no strategic
+merge or JSON patch (merge patch only), no real cluster DNS: all pods share this host, so an
+environment value naming a Service (``...svc.cluster.local``) is given to the process as
+``127.0.0.1``. It is not a claim of Kubernetes conformance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from emulators.core import Faults, RequestLog
+
+logger = logging.getLogger(__name__)
+
+CAPACITY_TYPE = "karpenter.sh/capacity-type"
+NODEPOOL = "karpenter.sh/nodepool"
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
+JOB_NAME = "batch.kubernetes.io/job-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
+_TICK = 0.05
+_KINDS = {"pods": "Pod", "jobs": "Job", "services": "Service", "events": "Event", "nodes": "Node"}
+
+
+def now_rfc3339(at: float | None = None) -> str:
+    moment = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+# --- selectors ---------------------------------------------------------------------------------------
+
+
+def _split_terms(text: str) -> list[str]:
+    terms, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            terms.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if current.strip():
+        terms.append(current.strip())
+    return terms
+
+
+def label_matcher(selector: str | None) -> Callable[[dict[str, str]], bool]:
+    """A label selector (``a=b,c!=d,e in (f,g),h notin (i),j,!k``) as a predicate on labels."""
+    checks: list[Callable[[dict[str, str]], bool]] = []
+    for term in _split_terms(selector or ""):
+        set_op = re.fullmatch(r"([^\s!=]+)\s+(in|notin)\s+\((.*)\)", term)
+        if set_op:
+            key, op, values = set_op.group(1), set_op.group(2), {v.strip() for v in set_op.group(3).split(",")}
+            if op == "in":
+                checks.append(lambda labels, k=key, vs=values: labels.get(k) in vs)
+            else:
+                checks.append(lambda labels, k=key, vs=values: labels.get(k) not in vs)
+        elif "!=" in term:
+            key, value = (p.strip() for p in term.split("!=", 1))
+            checks.append(lambda labels, k=key, v=value: labels.get(k) != v)
+        elif "=" in term:
+            key, value = (p.strip() for p in term.replace("==", "=").split("=", 1))
+            checks.append(lambda labels, k=key, v=value: labels.get(k) == v)
+        elif term.startswith("!"):
+            absent = term[1:].strip()
+            checks.append(lambda labels, k=absent: k not in labels)
+        else:
+            checks.append(lambda labels, k=term: k in labels)
+    return lambda labels: all(check(labels) for check in checks)
+
+
+def _field(obj: dict[str, Any], path: str) -> str:
+    if path == "source":
+        return str((obj.get("source") or {}).get("component") or "")
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
+def field_matcher(selector: str | None) -> Callable[[dict[str, Any]], bool]:
+    checks: list[Callable[[dict[str, Any]], bool]] = []
+    for term in _split_terms(selector or ""):
+        if "!=" in term:
+            path, value = term.split("!=", 1)
+            checks.append(lambda obj, p=path, v=value: _field(obj, p) != v)
+        else:
+            path, value = term.replace("==", "=").split("=", 1)
+            checks.append(lambda obj, p=path, v=value: _field(obj, p) == v)
+    return lambda obj: all(check(obj) for check in checks)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+# --- running containers --------------------------------------------------------------------------------
+
+
+class Container:
+    """The process of one pod's container and its log."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.log = bytearray()
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
+        self.term_at: float | None = None
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in iter(self.proc.stdout.readline, b""):
+            with self.lock:
+                self.log.extend(line)
+        self.proc.stdout.close()
+
+    def text(self) -> bytes:
+        with self.lock:
+            return bytes(self.log)
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+
+class KubernetesEmulator:
+    """The fake API server (see the module docstring). Use as a context manager, or start()/stop().
+
+    :param job_cwd: working directory of the containers' processes
+    :param node_delay: seconds until a node comes up for a pending pod (Karpenter's launch)
+    :param start_delay: seconds a pod spends in ``ContainerCreating`` on its node
+    :param grace_period: the longest a process gets between SIGTERM and SIGKILL (the pod's own
+        ``terminationGracePeriodSeconds`` if shorter)
+    """
+
+    def __init__(
+        self,
+        *,
+        job_cwd: str | Path | None = None,
+        node_delay: float = 0.3,
+        start_delay: float = 0.3,
+        grace_period: float = 2.0,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.job_cwd = str(job_cwd or os.getcwd())
+        self.node_delay, self.start_delay, self.grace_period = node_delay, start_delay, grace_period
+        self.extra_env = dict(extra_env or {})
+        self.faults = Faults()
+        self.log = RequestLog()
+        self.unpullable: set[str] = set()
+        self.secrets: dict[tuple[str, str], dict[str, str]] = {}
+        self._shortage: set[str] = set()
+        self._reclaim_rules: list[list[Any]] = []  # [seconds, name_contains, count left]
+        self._reclaim_at: dict[tuple[str, str], float] = {}
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._store: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in _KINDS}
+        self._history: list[tuple[int, str, str, dict[str, Any]]] = []
+        self._rv = 0
+        self._containers: dict[tuple[str, str], Container] = {}
+        self._node_ready: dict[tuple[str, str], float] = {}  # pod -> when its node comes up
+        self._phase_since: dict[tuple[str, str], float] = {}
+        self._stop = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+
+    # --- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self) -> KubernetesEmulator:
+        emulator = self
+
+        class Handler(_Handler):
+            pass
+
+        Handler.emulator = emulator
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        for target in (self._server.serve_forever, self._loop):
+            thread = threading.Thread(target=target, daemon=True, name=f"k8s-emulator-{target.__name__}")
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            containers = list(self._containers.values())
+            self._changed.notify_all()
+        for container in containers:
+            container.signal(signal.SIGKILL)
+        for container in containers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                container.proc.wait(timeout=5)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def __enter__(self) -> KubernetesEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "the emulator is not started"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
+        """Write a kubeconfig that points at this server (plain HTTP, a dummy token)."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
+            "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
+            "contexts": [
+                {"name": "emulator", "context": {"cluster": "emulator", "user": "emulator", "namespace": namespace}}
+            ],
+            "current-context": "emulator",
+        }
+        target = Path(path)
+        target.write_text(json.dumps(config))
+        return target
+
+    # --- knobs for tests ----------------------------------------------------------------------------
+
+    def set_shortage(self, capacity_type: str, short: bool = True) -> None:
+        """No new node of ``capacity_type`` (``spot`` | ``on-demand``) comes up while short."""
+        with self._lock:
+            (self._shortage.add if short else self._shortage.discard)(capacity_type)
+
+    def reclaim(self, pod_name: str, namespace: str = "default") -> str:
+        """Take back the spot node ``pod_name`` runs on: every pod there gets ``DisruptionTarget``, is
+        stopped and ends ``Failed``; the node goes. Returns the node's name."""
+        with self._lock:
+            pod = self._store["pods"].get((namespace, pod_name))
+            if pod is None or not pod["spec"].get("nodeName"):
+                raise KeyError(f"pod {namespace}/{pod_name} is not on a node")
+            node = pod["spec"]["nodeName"]
+            for key, other in list(self._store["pods"].items()):
+                if other["spec"].get("nodeName") != node or other["status"].get("phase") not in ("Running", "Pending"):
+                    continue
+                other["status"].setdefault("conditions", []).append(
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "EvictionByEvictionAPI",
+                        "message": f"Karpenter: spot interruption, node {node} is being terminated",
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                )
+                other["metadata"]["_disrupted"] = True
+                self._touch("pods", other, "MODIFIED")
+                container = self._containers.get(key)
+                if container is not None:
+                    container.signal(signal.SIGTERM)
+                    container.term_at = time.time()
+                else:
+                    self._finish_pod(key, other, None, reason="Terminated")
+            self._store["nodes"].pop(("", node), None)
+            logger.info("reclaimed spot node %s (pod %s/%s): DisruptionTarget", node, namespace, pod_name)
+            return str(node)
+
+    def reclaim_after(self, seconds: float, *, name_contains: str = "", count: int = 1) -> None:
+        """Reclaim the spot node of the next ``count`` pods on spot nodes (with ``name_contains`` in their
+        name) ``seconds`` after each starts running."""
+        with self._lock:
+            self._reclaim_rules.append([seconds, name_contains, count])
+
+    def forget(self, kind: str, name: str, namespace: str = "default") -> None:
+        """Remove an object (and its Events) as if garbage-collected long ago."""
+        with self._lock:
+            obj = self._store[kind].pop((namespace, name), None)
+            if obj is not None:
+                self._touch(kind, obj, "DELETED", store=False)
+            for key, event in list(self._store["events"].items()):
+                if (event.get("involvedObject") or {}).get("name") == name:
+                    self._store["events"].pop(key)
+
+    def report_phase(self, name: str, phase: str, namespace: str = "default") -> None:
+        """Make a pod report ``phase`` (one no Kubernetes has, for tests of unknown states)."""
+        with self._lock:
+            pod = self._store["pods"][(namespace, name)]
+            pod["status"]["phase"] = phase
+            self._touch("pods", pod, "MODIFIED")
+
+    def get(self, kind: str, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        with self._lock:
+            obj = self._store[kind].get((namespace, name))
+            return _public(obj) if obj is not None else None
+
+    def objects(self, kind: str, namespace: str | None = "default") -> list[dict[str, Any]]:
+        with self._lock:
+            return [_public(o) for (ns, _), o in self._store[kind].items() if namespace is None or ns == namespace]
+
+    def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+        return self.log.requests(action)
+
+    def reset(self) -> None:
+        """Clear faults, shortages and the request log; delete every pod, job and service left."""
+        self.faults.reset()
+        self.log.reset()
+        self.unpullable.clear()
+        with self._lock:
+            self._shortage.clear()
+            self._reclaim_rules.clear()
+            self._reclaim_at.clear()
+            for kind in ("jobs", "pods", "services"):
+                for key in list(self._store[kind]):
+                    self._delete(kind, key, "Background", grace=0)
+
+    # --- the store ----------------------------------------------------------------------------------
+
+    def _touch(self, kind: str, obj: dict[str, Any], event: str, *, store: bool = True) -> None:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self._history.append((self._rv, kind, event, copy.deepcopy(_public(obj))))
+        del self._history[:-5000]
+        self._changed.notify_all()
+
+    def create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            obj = copy.deepcopy(body)
+            meta = obj.setdefault("metadata", {})
+            name = meta.get("name")
+            if not name and meta.get("generateName"):
+                name = meta["generateName"] + uuid.uuid4().hex[:5]
+            if not name:
+                raise ApiError(422, "Invalid", f"{_KINDS[kind]} has no metadata.name")
+            key = (namespace if kind != "nodes" else "", name)
+            if key in self._store[kind]:
+                raise ApiError(409, "AlreadyExists", f'{kind} "{name}" already exists')
+            meta.update(
+                {"name": name, "uid": str(uuid.uuid4()), "creationTimestamp": now_rfc3339(), "namespace": key[0]}
+            )
+            if kind == "nodes":
+                meta.pop("namespace")
+            obj.setdefault("status", {})
+            if kind == "pods":
+                obj["status"] = {"phase": "Pending", "conditions": []}
+                self._phase_since[key] = time.time()
+            if kind == "jobs":
+                obj["status"] = {}
+                spec = obj["spec"]
+                spec.setdefault("backoffLimit", 6)
+                spec.setdefault("completions", 1)
+                spec.setdefault("parallelism", 1)
+            self._store[kind][key] = obj
+            self._touch(kind, obj, "ADDED")
+            return _public(obj)
+
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            obj = self._obj(kind, namespace, name)
+            merged = merge_patch(obj, patch)
+            obj.clear()
+            obj.update(merged)
+            self._touch(kind, obj, "MODIFIED")
+            return _public(obj)
+
+    def _obj(self, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        obj = self._store[kind].get((namespace if kind != "nodes" else "", name))
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{kind} "{name}" not found')
+        return obj
+
+    def delete(self, kind: str, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            obj = self._obj(kind, namespace, name)
+            policy = body.get("propagationPolicy") or ("Background" if kind != "jobs" else "Orphan")
+            self._delete(kind, (namespace, name), policy, grace=body.get("gracePeriodSeconds"))
+            return _public(obj)
+
+    def _delete(self, kind: str, key: tuple[str, str], policy: str, *, grace: Any = None) -> None:
+        obj = self._store[kind].get(key)
+        if obj is None:
+            return
+        meta = obj["metadata"]
+        if kind == "pods":
+            container = self._containers.get(key)
+            if container is not None and container.proc.poll() is None:
+                if not meta.get("deletionTimestamp"):
+                    meta["deletionTimestamp"] = now_rfc3339()
+                    wait = self.grace_period if grace is None else min(float(grace), self.grace_period)
+                    meta["_kill_at"] = time.time() + wait
+                    container.signal(signal.SIGTERM)
+                    self._touch(kind, obj, "MODIFIED")
+                return
+            self._remove(kind, key)
+            return
+        if kind == "jobs":
+            pods = self._owned_pods(obj)
+            if policy != "Orphan":
+                for pod_key in pods:
+                    self._delete("pods", pod_key, "Background", grace=grace)
+            if policy == "Foreground" and any(k in self._store["pods"] for k in pods):
+                meta["deletionTimestamp"] = meta.get("deletionTimestamp") or now_rfc3339()
+                meta["finalizers"] = ["foregroundDeletion"]
+                self._touch(kind, obj, "MODIFIED")
+                return
+        self._remove(kind, key)
+
+    def _remove(self, kind: str, key: tuple[str, str]) -> None:
+        obj = self._store[kind].pop(key, None)
+        if obj is None:
+            return
+        self._touch(kind, obj, "DELETED", store=False)
+        self._containers.pop(key, None) if kind == "pods" else None
+        uid = obj["metadata"].get("uid")
+        # garbage collection of dependents
+        for dep_kind in ("pods", "services"):
+            for dep_key, dep in list(self._store[dep_kind].items()):
+                if any(ref.get("uid") == uid for ref in dep["metadata"].get("ownerReferences") or []):
+                    self._delete(dep_kind, dep_key, "Background")
+
+    def _owned_pods(self, job: dict[str, Any]) -> list[tuple[str, str]]:
+        uid = job["metadata"]["uid"]
+        return [
+            key
+            for key, pod in self._store["pods"].items()
+            if any(ref.get("uid") == uid for ref in pod["metadata"].get("ownerReferences") or [])
+        ]
+
+    def list(self, kind: str, namespace: str | None, query: dict[str, str]) -> dict[str, Any]:
+        labels = label_matcher(query.get("labelSelector"))
+        fields = field_matcher(query.get("fieldSelector"))
+        with self._lock:
+            items = [
+                _public(obj)
+                for (ns, _), obj in sorted(self._store[kind].items())
+                if (namespace is None or ns == namespace)
+                and labels(obj["metadata"].get("labels") or {})
+                and fields(obj)
+            ]
+            rv = str(self._rv)
+        start = int(query.get("continue") or 0)
+        limit = int(query.get("limit") or 0)
+        page = items[start : start + limit] if limit else items[start:]
+        meta: dict[str, Any] = {"resourceVersion": rv}
+        if limit and start + limit < len(items):
+            meta["continue"] = str(start + limit)
+        return {"kind": f"{_KINDS[kind]}List", "apiVersion": "v1", "metadata": meta, "items": page}
+
+    def watch(self, kind: str, namespace: str | None, query: dict[str, str]) -> Iterator[dict[str, Any]]:
+        """Events after ``resourceVersion`` (else the current objects as ADDED), until ``timeoutSeconds``."""
+        labels = label_matcher(query.get("labelSelector"))
+        fields = field_matcher(query.get("fieldSelector"))
+        deadline = time.time() + float(query.get("timeoutSeconds") or 5)
+
+        def wanted(obj: dict[str, Any]) -> bool:
+            meta = obj.get("metadata") or {}
+            return (
+                (namespace is None or meta.get("namespace", "") == namespace)
+                and labels(meta.get("labels") or {})
+                and fields(obj)
+            )
+
+        with self._lock:
+            since = query.get("resourceVersion")
+            if not since or since == "0":
+                current = [_public(o) for o in self._store[kind].values()]
+                seen = self._rv
+                initial = [{"type": "ADDED", "object": o} for o in current if wanted(o)]
+            else:
+                seen, initial = int(since), []
+        yield from initial
+        while time.time() < deadline and not self._stop.is_set():
+            with self._lock:
+                fresh = [h for h in self._history if h[0] > seen and h[1] == kind]
+                if not fresh:
+                    self._changed.wait(timeout=min(0.5, max(0.0, deadline - time.time())))
+                    continue
+                seen = fresh[-1][0]
+            for _, _, event, obj in fresh:
+                if wanted(obj):
+                    yield {"type": event, "object": obj}
+
+    def pod_log(self, namespace: str, name: str) -> bytes:
+        with self._lock:
+            pod = self._obj("pods", namespace, name)
+            container = self._containers.get((namespace, name))
+            if container is None:
+                waiting = _main_state(pod).get("waiting") or {}
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f'container "main" in pod "{name}" is waiting to start: {waiting.get("reason", "PodInitializing")}',
+                )
+        return container.text()
+
+    # --- the controllers ----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.wait(_TICK):
+            try:
+                with self._lock:
+                    self._step_jobs()
+                    self._step_pods()
+            except Exception:
+                logger.exception("kubernetes emulator: a controller step failed")
+
+    def _step_pods(self) -> None:
+        now = time.time()
+        for key, pod in list(self._store["pods"].items()):
+            status, spec, meta = pod["status"], pod["spec"], pod["metadata"]
+            phase = status.get("phase")
+            container = self._containers.get(key)
+            if key in self._reclaim_at and now >= self._reclaim_at[key] and phase == "Running":
+                del self._reclaim_at[key]
+                self.reclaim(key[1], key[0])
+            if container is not None:
+                if container.proc.poll() is not None:
+                    if meta.get("deletionTimestamp"):
+                        self._remove("pods", key)
+                    elif phase == "Running":
+                        self._finish_pod(key, pod, container.proc.returncode)
+                    continue
+                if meta.get("_kill_at") and now >= meta["_kill_at"]:
+                    container.signal(signal.SIGKILL)
+                if container.term_at and now - container.term_at > self.grace_period:
+                    container.signal(signal.SIGKILL)
+                deadline = spec.get("activeDeadlineSeconds")
+                started = meta.get("_started")
+                if deadline and started and now - started > float(deadline) and not meta.get("_deadline"):
+                    meta["_deadline"] = True
+                    container.signal(signal.SIGKILL)
+                continue
+            if phase != "Pending" or meta.get("deletionTimestamp"):
+                if meta.get("deletionTimestamp"):
+                    self._remove("pods", key)
+                continue
+            if not spec.get("nodeName"):
+                self._schedule(key, pod, now)
+            elif now - self._phase_since.get(key, now) >= self.start_delay:
+                self._start(key, pod, now)
+
+    def _schedule(self, key: tuple[str, str], pod: dict[str, Any], now: float) -> None:
+        selector = pod["spec"].get("nodeSelector") or {}
+        capacity = selector.get(CAPACITY_TYPE, "on-demand")
+        if capacity in self._shortage:
+            self._node_ready.pop(key, None)
+            conditions = pod["status"]["conditions"]
+            if not any(c["type"] == "PodScheduled" for c in conditions):
+                conditions.append(
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": f"0/0 nodes are available; Karpenter: no {capacity} capacity for "
+                        f"{selector.get(NODEPOOL, 'any node pool')} (insufficient capacity)",
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                )
+                self._touch("pods", pod, "MODIFIED")
+            return
+        ready = self._node_ready.setdefault(key, now + self.node_delay)
+        if now < ready:
+            return
+        node = f"ip-10-0-{len(self._store['nodes']) % 250}-{uuid.uuid4().int % 250}.ec2.internal"
+        labels = {
+            CAPACITY_TYPE: capacity,
+            NODEPOOL: selector.get(NODEPOOL, "default"),
+            INSTANCE_TYPE: selector.get(INSTANCE_TYPE, "g5.xlarge"),
+            GPU_NAME: selector.get(GPU_NAME, "a10g"),
+            "kubernetes.io/hostname": node,
+        }
+        self.create("nodes", "", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels}})
+        pod["spec"]["nodeName"] = node
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()},
+        ]
+        pod["status"]["containerStatuses"] = [
+            {
+                "name": "main",
+                "image": str(pod["spec"]["containers"][0].get("image") or ""),
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+            }
+        ]
+        self._phase_since[key] = now
+        self._touch("pods", pod, "MODIFIED")
+
+    def _start(self, key: tuple[str, str], pod: dict[str, Any], now: float) -> None:
+        spec_container = pod["spec"]["containers"][0]
+        image = str(spec_container.get("image") or "")
+        state = _main_state(pod)
+        if image in self.unpullable or "does-not-exist" in image:
+            waiting = state.get("waiting") or {}
+            reason = "ImagePullBackOff" if waiting.get("reason") == "ErrImagePull" else "ErrImagePull"
+            if waiting.get("reason") != reason:
+                message = f'Failed to pull image "{image}": not found'
+                pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": reason, "message": message}}
+                self._touch("pods", pod, "MODIFIED")
+            return
+        try:
+            env = self._env(pod)
+        except KeyError as err:
+            waiting = {"reason": "CreateContainerConfigError", "message": str(err)}
+            if state.get("waiting") != waiting:
+                pod["status"]["containerStatuses"][0]["state"] = {"waiting": waiting}
+                self._touch("pods", pod, "MODIFIED")
+            return
+        command = list(spec_container.get("command") or []) + list(spec_container.get("args") or [])
+        if command and command[0] == "python":  # the image's interpreter: this one (the image is not pulled)
+            command[0] = sys.executable
+        proc = subprocess.Popen(
+            command,
+            cwd=self.job_cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._containers[key] = Container(proc)
+        if (pod["spec"].get("nodeSelector") or {}).get(CAPACITY_TYPE) == "spot":
+            for rule in self._reclaim_rules:
+                if rule[2] > 0 and rule[1] in key[1]:
+                    rule[2] -= 1
+                    self._reclaim_at[key] = now + rule[0]
+                    break
+        pod["metadata"]["_started"] = now
+        started = now_rfc3339(now)
+        pod["status"].update({"phase": "Running", "startTime": started, "podIP": "127.0.0.1", "hostIP": "127.0.0.1"})
+        pod["status"]["containerStatuses"][0].update(
+            {"ready": True, "started": True, "state": {"running": {"startedAt": started}}}
+        )
+        pod["status"]["conditions"].append({"type": "Ready", "status": "True", "lastTransitionTime": started})
+        self._touch("pods", pod, "MODIFIED")
+
+    def _env(self, pod: dict[str, Any]) -> dict[str, str]:
+        env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
+        env.setdefault("PYTHONPATH", self.job_cwd)
+        env.update(self.extra_env)
+        meta = pod["metadata"]
+        env["HOSTNAME"] = str(pod["spec"].get("hostname") or meta["name"])
+        for entry in pod["spec"]["containers"][0].get("env") or []:
+            if "value" in entry:
+                value = str(entry["value"])
+            else:
+                source = entry.get("valueFrom") or {}
+                if "fieldRef" in source:
+                    path = source["fieldRef"]["fieldPath"]
+                    found = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
+                    if found:
+                        value = str((meta.get(found.group(1)) or {}).get(found.group(2), ""))
+                    else:
+                        value = _field(pod, path)
+                elif "secretKeyRef" in source:
+                    ref = source["secretKeyRef"]
+                    secret = self.secrets.get((meta["namespace"], ref["name"]))
+                    if secret is None or ref["key"] not in secret:
+                        raise KeyError(f'secret "{ref["name"]}" (key {ref["key"]}) not found')
+                    value = secret[ref["key"]]
+                else:
+                    value = ""
+            # no cluster DNS here: every pod is on this host
+            env[entry["name"]] = "127.0.0.1" if value.endswith(".svc.cluster.local") else value
+        return env
+
+    def _finish_pod(self, key: tuple[str, str], pod: dict[str, Any], code: int | None, *, reason: str = "") -> None:
+        meta, status = pod["metadata"], pod["status"]
+        meta["_failed_at"] = time.time()
+        now = now_rfc3339()
+        started = (_main_state(pod).get("running") or {}).get("startedAt")
+        if code is not None and code < 0:
+            code = 128 - code
+        terminated: dict[str, Any] = {
+            "exitCode": 137 if code is None else code,
+            "reason": "Completed" if code == 0 else "Error",
+            "finishedAt": now,
+        }
+        if started:
+            terminated["startedAt"] = started
+        if meta.get("_deadline"):
+            status.update(
+                {
+                    "phase": "Failed",
+                    "reason": "DeadlineExceeded",
+                    "message": "Pod was active on the node longer than the specified deadline",
+                }
+            )
+        elif meta.get("_disrupted"):
+            status.update({"phase": "Failed", "reason": reason or "", "message": "spot node reclaimed"})
+        else:
+            status["phase"] = "Succeeded" if code == 0 else "Failed"
+        if status.get("containerStatuses"):
+            status["containerStatuses"][0].update({"ready": False, "state": {"terminated": terminated}})
+        self._touch("pods", pod, "MODIFIED")
+
+    def _step_jobs(self) -> None:
+        now = time.time()
+        for key, job in list(self._store["jobs"].items()):
+            meta, spec, status = job["metadata"], job["spec"], job["status"]
+            if meta.get("deletionTimestamp"):
+                if not any(k in self._store["pods"] for k in self._owned_pods(job)):
+                    self._remove("jobs", key)
+                continue
+            if any(c["type"] in ("Complete", "Failed") for c in status.get("conditions") or []):
+                continue
+            status.setdefault("startTime", now_rfc3339(now))
+            meta.setdefault("_started", now)
+            pods = [self._store["pods"][k] for k in self._owned_pods(job)]
+            by_index: dict[int, list[dict[str, Any]]] = {}
+            for pod in pods:
+                by_index.setdefault(int(pod["metadata"]["annotations"][COMPLETION_INDEX]), []).append(pod)
+            ignored = {p["metadata"]["name"] for p in pods if p["metadata"].get("_ignored")}
+            for pod in pods:
+                candidate = pod["status"].get("phase") == "Failed" and pod["metadata"]["name"] not in ignored
+                if candidate and self._failure_verdict(job, pod) is None:  # an Ignore rule: replaced, not counted
+                    pod["metadata"]["_ignored"] = True
+                    ignored.add(pod["metadata"]["name"])
+            by_index = {i: [p for p in ps if p["metadata"]["name"] not in ignored] for i, ps in by_index.items()}
+            by_index = {i: ps for i, ps in by_index.items() if ps}
+            failed = [p for p in pods if p["status"].get("phase") == "Failed" and p["metadata"]["name"] not in ignored]
+            done = {i for i, ps in by_index.items() if any(p["status"].get("phase") == "Succeeded" for p in ps)}
+            changed = status.get("failed", 0) != len(failed) or status.get("succeeded", 0) != len(done)
+            status["active"] = sum(1 for p in pods if p["status"].get("phase") in ("Pending", "Running"))
+            status["failed"], status["succeeded"] = len(failed), len(done)
+            deadline = spec.get("activeDeadlineSeconds")
+            verdict: tuple[str, str] | None = None
+            if failed:
+                # the controller handles failures as they come: the first pod to fail decides
+                first = min(failed, key=lambda p: (p["metadata"].get("_failed_at", 0.0), p["metadata"]["name"]))
+                verdict = self._failure_verdict(job, first) or ("BackoffLimitExceeded", "")
+            elif deadline and now - meta["_started"] > float(deadline):
+                verdict = ("DeadlineExceeded", "Job was active longer than specified deadline")
+            if verdict is not None:
+                stamp = now_rfc3339(now)
+                status["conditions"] = [
+                    {
+                        "type": "FailureTarget",
+                        "status": "True",
+                        "reason": verdict[0],
+                        "message": verdict[1],
+                        "lastTransitionTime": stamp,
+                    },
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": verdict[0],
+                        "message": verdict[1],
+                        "lastTransitionTime": stamp,
+                    },
+                ]
+                for pod in pods:
+                    if pod["status"].get("phase") in ("Pending", "Running"):
+                        self._delete("pods", (pod["metadata"]["namespace"], pod["metadata"]["name"]), "Background")
+                self._touch("jobs", job, "MODIFIED")
+                continue
+            if len(done) >= int(spec["completions"]):
+                stamp = now_rfc3339(now)
+                status["completionTime"] = stamp
+                status["conditions"] = [
+                    {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": stamp},
+                    {"type": "Complete", "status": "True", "lastTransitionTime": stamp},
+                ]
+                self._touch("jobs", job, "MODIFIED")
+                continue
+            for index in range(int(spec["completions"])):
+                if index not in by_index:
+                    self._create_job_pod(job, index)
+                    changed = True
+            if changed:
+                self._touch("jobs", job, "MODIFIED")
+
+    def _failure_verdict(self, job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str] | None:
+        """How the Job controller takes a failed pod: (reason, message) of the Job's failure, ``None``
+        when an ``Ignore`` rule matches (the pod is replaced and not counted)."""
+        name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+        code = (_main_state(pod).get("terminated") or {}).get("exitCode")
+        for i, rule in enumerate((job["spec"].get("podFailurePolicy") or {}).get("rules") or []):
+            matched = ""
+            for wanted in rule.get("onPodConditions") or []:
+                if any(
+                    c["type"] == wanted["type"] and c.get("status") == wanted.get("status", "True")
+                    for c in pod["status"].get("conditions") or []
+                ):
+                    matched = f"Pod {name} has condition {wanted['type']} matching {rule['action']} rule at index {i}"
+            codes = rule.get("onExitCodes")
+            if codes and code is not None and not pod["metadata"].get("_disrupted"):
+                inside = code in codes["values"]
+                if inside == (codes["operator"] == "In"):
+                    matched = (
+                        f"Container main for pod {name} failed with exit code {code} matching {rule['action']} "
+                        f"rule at index {i}"
+                    )
+            if matched and rule["action"] == "FailJob":
+                return "PodFailurePolicy", matched
+            if matched and rule["action"] == "Ignore":
+                return None
+        return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+
+    def _create_job_pod(self, job: dict[str, Any], index: int) -> None:
+        meta, template = job["metadata"], job["spec"]["template"]
+        name = meta["name"]
+        labels = dict((template.get("metadata") or {}).get("labels") or {})
+        labels.update({JOB_NAME: name, "job-name": name, COMPLETION_INDEX: str(index), "controller-uid": meta["uid"]})
+        annotations = dict((template.get("metadata") or {}).get("annotations") or {})
+        annotations[COMPLETION_INDEX] = str(index)
+        spec = copy.deepcopy(template["spec"])
+        spec["hostname"] = f"{name}-{index}"
+        spec["containers"][0].setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "value": str(index)})
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": meta["uid"], "controller": True}
+        self.create(
+            "pods",
+            meta["namespace"],
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-{index}-{uuid.uuid4().hex[:5]}",
+                    "labels": labels,
+                    "annotations": annotations,
+                    "ownerReferences": [owner],
+                },
+                "spec": spec,
+            },
+        )
+
+
+def _main_state(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = pod["status"].get("containerStatuses") or [{}]
+    return statuses[0].get("state") or {}
+
+
+def _public(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without the emulator's private ``_`` fields in its metadata."""
+    out = dict(obj)
+    out["metadata"] = {k: v for k, v in obj["metadata"].items() if not k.startswith("_")}
+    return copy.deepcopy(out)
+
+
+# --- HTTP -------------------------------------------------------------------------------------------------
+
+_PATH = re.compile(
+    r"/(?:api/v1|apis/batch/v1)(?:/namespaces/(?P<ns>[^/]+))?/(?P<kind>pods|jobs|services|events|nodes)"
+    r"(?:/(?P<name>[^/]+))?(?:/(?P<sub>log|status))?"
+)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    emulator: KubernetesEmulator
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, code: int, body: Any, content_type: str = "application/json") -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _handle(self, method: str) -> None:
+        url = urlparse(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        match = _PATH.fullmatch(url.path)
+        if url.path in ("/version", "/api", "/apis"):
+            self._send(200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0-emulator"})
+            return
+        if match is None:
+            self._send(404, ApiError(404, "NotFound", f"the server could not find {url.path}").body())
+            return
+        kind, ns, name, sub = match.group("kind"), match.group("ns"), match.group("name"), match.group("sub")
+        watching = str(query.get("watch")).lower() in ("true", "1")
+        verbs = {"GET": "get" if name else ("watch" if watching else "list"), "POST": "create"}
+        verb = verbs.get(method, method.lower())
+        action = f"{verb} {kind}" + (f"/{sub}" if sub else "")
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        body = json.loads(raw) if raw else {}
+        emulator = self.emulator
+        throttled, _lost = emulator.faults.decide(action)
+        entry = emulator.log.record(
+            action, {"path": url.path, "query": query, "body": body}, throttled=throttled, lost=None
+        )
+        if throttled:
+            entry["status"] = 429
+            self._send(429, ApiError(429, "TooManyRequests", "the server has received too many requests").body())
+            return
+        try:
+            if method == "GET" and sub == "log":
+                entry["status"] = 200
+                self._send(200, emulator.pod_log(ns or "default", name or ""), "text/plain")
+                return
+            if method == "GET" and watching:
+                self._stream(emulator.watch(kind, ns, query))
+                return
+            if method == "GET":
+                answer = (
+                    emulator.list(kind, ns, query) if name is None else _public(emulator._obj(kind, ns or "", name))
+                )
+                code = 200
+            elif method == "POST":
+                answer, code = emulator.create(kind, ns or "", body), 201
+            elif method == "PATCH":
+                answer, code = emulator.patch(kind, ns or "", name or "", body), 200
+            elif method == "DELETE":
+                answer, code = emulator.delete(kind, ns or "", name or "", body), 200
+            else:
+                raise ApiError(405, "MethodNotAllowed", method)
+        except ApiError as err:
+            entry["status"] = err.code
+            self._send(err.code, err.body())
+            return
+        entry["status"] = code
+        self._send(code, answer)
+
+    def _stream(self, events: Iterator[dict[str, Any]]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for event in events:
+                self.wfile.write(json.dumps(event).encode() + b"\n")
+                self.wfile.flush()
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m emulators.kubernetes serve --kubeconfig PATH [--ready-file PATH] [--job-cwd DIR]
+    [--reclaim-after SECONDS --reclaim-name-contains TEXT --reclaim-count N]``: serve until SIGTERM."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m emulators.kubernetes")
+    parser.add_argument("command", choices=["serve"])
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--ready-file")
+    parser.add_argument("--job-cwd", default=os.getcwd())
+    parser.add_argument("--node-delay", type=float, default=1.0)
+    parser.add_argument("--reclaim-after", type=float)
+    parser.add_argument("--reclaim-name-contains", default="")
+    parser.add_argument("--reclaim-count", type=int, default=1)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with KubernetesEmulator(job_cwd=args.job_cwd, node_delay=args.node_delay) as emulator:
+        if args.reclaim_after is not None:
+            emulator.reclaim_after(
+                args.reclaim_after, name_contains=args.reclaim_name_contains, count=args.reclaim_count
+            )
+        path = emulator.kubeconfig(args.kubeconfig)
+        if args.ready_file:
+            Path(args.ready_file).write_text(json.dumps({"url": emulator.url, "kubeconfig": str(path)}))
+        logger.info("Kubernetes emulator at %s; kubeconfig %s", emulator.url, path)
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+
+
+if __name__ == "__main__":
+    main()

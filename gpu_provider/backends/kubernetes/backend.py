@@ -1,0 +1,978 @@
+"""The Kubernetes backend: GPU pods on Karpenter-provisioned nodes (EKS), spot or on-demand.
+
+A single-node attempt is one Pod; a multi-node attempt is an Indexed Job (one pod per rank,
+``backoffLimit: 0``, a ``podFailurePolicy`` that tells a disruption from the program's failure)
+plus a headless Service that gives rank 0 a DNS name. Capacity is chosen by node selector: a spot
+attempt asks for ``karpenter.sh/capacity-type: spot`` on the spot NodePool, an on-demand attempt
+for ``on-demand`` on the on-demand NodePool; Karpenter launches a node for the pending pod. What
+the manifests hold is in :mod:`~gpu_provider.backends.kubernetes.manifests`, what the answers mean
+in :mod:`~gpu_provider.backends.kubernetes.mapping`.
+
+Status reads are one LIST of pods per namespace (label selector: every pod this provider started),
+plus one LIST of Jobs when a multi-node attempt is among them, whatever the number of attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+from gpu_provider import names
+from gpu_provider.backends.base import (
+    LOG_READ_BYTES,
+    Backend,
+    Capabilities,
+    JobHandle,
+    JobRequest,
+    JobState,
+    JobStatus,
+    LogChunk,
+    OwnedJob,
+    PollResult,
+    TaskKey,
+    clip_line,
+    lookup_key,
+    map_state,
+    provider_config,
+)
+from gpu_provider.backends.batch.calls import run_bounded
+from gpu_provider.backends.kubernetes.calls import (
+    PATIENT_ATTEMPTS,
+    POLL_ATTEMPTS,
+    Api,
+    call,
+    exists,
+    raw,
+    status_of,
+)
+from gpu_provider.backends.kubernetes.manifests import (
+    ANNOTATION_DAG_ID,
+    ANNOTATION_GPUS,
+    ANNOTATION_MAX_RUNTIME,
+    ANNOTATION_RUN_ID,
+    ANNOTATION_TASK_ID,
+    CONTAINER,
+    GPU_NODE_LABELS,
+    LABEL_ATTEMPT_NAME,
+    MANAGED_BY,
+    MANAGER,
+    Placement,
+    check_manifest,
+    is_dns1123_label,
+    is_dns1123_subdomain,
+    job_manifests,
+    label_key_problem,
+    label_value_problem,
+    map_index_label,
+    pod_manifest,
+)
+from gpu_provider.backends.kubernetes.mapping import (
+    CANCEL_ANNOTATION,
+    EVENT_CANCELLED,
+    EVENT_FAILED,
+    STATE_TABLE,
+    condition,
+    exit_code,
+    interruption_of,
+    job_remote_state,
+    parse_time,
+    pod_remote_state,
+    pod_times,
+    rank_of,
+)
+from gpu_provider.exceptions import GpuJobError, GpuJobStatusError
+from gpu_provider.job import GpuResources
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_SPOT_NODE_POOL = "gpu-spot"
+DEFAULT_ON_DEMAND_NODE_POOL = "gpu-on-demand"
+#: class -> the lowest ``priority=`` that gets it (the PriorityClasses in docker/karpenter/)
+DEFAULT_PRIORITY_CLASSES = {"gpu-low": -(2**31) + 1, "gpu-normal": 0, "gpu-high": 100}
+#: seconds an attempt may take from creation to running: a GPU node takes minutes to launch and
+#: pull a multi-gigabyte image (``KubernetesPodOperator`` waits 120 s)
+DEFAULT_STARTUP_TIMEOUT_S = 900.0
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_TTL_AFTER_FINISHED_S = 3600
+LIST_PAGE = 500
+POD, JOB = "Pod", "Job"
+_JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
+_SECRET_REF = re.compile(r"([a-z0-9][-a-z0-9.]*)/([-._a-zA-Z0-9]+)")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _text(option: str, value: Any, config_key: str, default: str | None = None) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{option}={value!r} ({type(value).__name__}) must be a string")
+    return (value or "").strip() or provider_config(config_key) or default
+
+
+def _json_option(option: str, value: Any, config_key: str, kind: type, allowed: str) -> Any:
+    where = option
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value, where = provider_config(config_key), f"[gpu_provider] {config_key}"
+        if not value:
+            return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"{where} must be {allowed}; got text that is not JSON") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"{where} must be {allowed}; got {type(value).__name__}")
+    return value
+
+
+def _number(option: str, value: Any, config_key: str, default: float) -> float:
+    if value is None or value == "":
+        value = provider_config(config_key) or default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if not 0 < number < 10**9:
+        raise ValueError(f"{option}={value!r} must be a positive number of seconds")
+    return number
+
+
+def _now_rfc3339() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubernetesBackend(Backend):
+    """Runs each attempt as a Pod (one node) or an Indexed Job (several) on Karpenter GPU nodes.
+
+    Every option falls back to the ``[gpu_provider]`` config key named in brackets.
+
+    :param kubernetes_conn_id: Airflow Kubernetes connection (in-cluster, kubeconfig path or a
+        kubeconfig in its extras) [``kubernetes_conn_id``, default ``kubernetes_default``].
+    :param namespace: namespace of the pods, jobs and services [``kubernetes_namespace``, default ``default``].
+    :param spot_node_pool: Karpenter NodePool of spot attempts [``kubernetes_spot_node_pool``, default
+        ``gpu-spot``]; an empty string (``-``) places by capacity type only.
+    :param on_demand_node_pool: NodePool of on-demand attempts [``kubernetes_on_demand_node_pool``,
+        default ``gpu-on-demand``].
+    :param service_account: service account of the pods (e.g. one with an IAM role for S3
+        checkpoints) [``kubernetes_service_account``].
+    :param image_pull_secrets: Secrets to pull the image with, comma-separated or a list
+        [``kubernetes_image_pull_secrets``].
+    :param priority_classes: PriorityClass of each priority, ``{"class": lowest priority}`` (or that as
+        JSON): a job gets the class with the highest bound not above its ``priority=`` (0 without one)
+        [``kubernetes_priority_classes``, default ``gpu-low``/``gpu-normal`` from 0/``gpu-high`` from 100].
+    :param node_selector: labels to add to every pod's node selector (JSON object) [``kubernetes_node_selector``].
+    :param tolerations: tolerations to add to the ``nvidia.com/gpu`` one (JSON list) [``kubernetes_tolerations``].
+    :param secrets: environment variables from Kubernetes Secrets, ``{"HF_TOKEN": "secret-name/key"}``:
+        the value never passes through Airflow [``kubernetes_secrets``].
+    :param startup_timeout: seconds from creation to running: past it a pod still waiting for a
+        node is given up as a capacity timeout, one whose container does not start fails
+        [``kubernetes_startup_timeout``, default 900].
+    :param fractional_gpu_resource: the extended resource a job with ``gpus`` below 1 asks one of:
+        a MIG profile (``nvidia.com/mig-1g.10gb``) or the device plugin's shared resource
+        (``nvidia.com/gpu.shared``) [``kubernetes_fractional_gpu_resource``]; unset: fractions refused.
+    :param dashboard_url: a link for the task's extra link, ``{namespace}``, ``{name}`` and ``{kind}``
+        filled in [``kubernetes_dashboard_url``].
+    :param master_port: ``MASTER_PORT`` of multi-node jobs (default 29500).
+    :param ttl_after_finished: seconds an ended multi-node Job (and its pods) is kept
+        [``kubernetes_ttl_after_finished``, default 3600].
+    """
+
+    name: ClassVar[str] = "kubernetes"
+    service: ClassVar[str] = "Kubernetes"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        image_required=True,
+        unique_names=True,  # a second create of one name is refused (409): submit adopts the object
+    )
+    default_poll_interval: ClassVar[float] = 5.0
+    #: a log read costs one request per pod: the worker copies an attempt's log when it ends
+    stream_logs_when_deferred: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        kubernetes_conn_id: str | None = None,
+        namespace: str | None = None,
+        spot_node_pool: str | None = None,
+        on_demand_node_pool: str | None = None,
+        service_account: str | None = None,
+        image_pull_secrets: Sequence[str] | str | None = None,
+        priority_classes: Mapping[str, int] | str | None = None,
+        node_selector: Mapping[str, str] | str | None = None,
+        tolerations: Sequence[Mapping[str, Any]] | str | None = None,
+        secrets: Mapping[str, str] | str | None = None,
+        startup_timeout: float | str | None = None,
+        fractional_gpu_resource: str | None = None,
+        dashboard_url: str | None = None,
+        master_port: int | str = DEFAULT_MASTER_PORT,
+        ttl_after_finished: int | str | None = None,
+    ) -> None:
+        self.kubernetes_conn_id = _text(
+            "kubernetes_conn_id", kubernetes_conn_id, "kubernetes_conn_id", "kubernetes_default"
+        )
+        self.namespace: str = _text("namespace", namespace, "kubernetes_namespace", DEFAULT_NAMESPACE) or ""
+        if not is_dns1123_label(self.namespace):
+            raise ValueError(f"namespace={self.namespace!r} must be a DNS-1123 label (a Kubernetes namespace name)")
+        self.spot_node_pool = self._pool(
+            "spot_node_pool", spot_node_pool, "kubernetes_spot_node_pool", DEFAULT_SPOT_NODE_POOL
+        )
+        self.on_demand_node_pool = self._pool(
+            "on_demand_node_pool", on_demand_node_pool, "kubernetes_on_demand_node_pool", DEFAULT_ON_DEMAND_NODE_POOL
+        )
+        self.service_account = _text("service_account", service_account, "kubernetes_service_account")
+        self.image_pull_secrets = self._names("image_pull_secrets", image_pull_secrets, "kubernetes_image_pull_secrets")
+        self.priority_classes = self._priority_classes(priority_classes)
+        self.node_selector = self._node_selector(node_selector)
+        self.tolerations = self._tolerations(tolerations)
+        self.secrets = self._secrets(secrets)
+        self.startup_timeout = _number(
+            "startup_timeout", startup_timeout, "kubernetes_startup_timeout", DEFAULT_STARTUP_TIMEOUT_S
+        )
+        self.fractional_gpu_resource = _text(
+            "fractional_gpu_resource", fractional_gpu_resource, "kubernetes_fractional_gpu_resource"
+        )
+        if self.fractional_gpu_resource and label_key_problem(self.fractional_gpu_resource):
+            raise ValueError(
+                f"fractional_gpu_resource={self.fractional_gpu_resource!r} is not a resource name "
+                "(e.g. nvidia.com/mig-1g.10gb or nvidia.com/gpu.shared)"
+            )
+        self.dashboard_url = _text("dashboard_url", dashboard_url, "kubernetes_dashboard_url")
+        try:
+            port = int(str(master_port).strip())
+        except ValueError:
+            port = -1
+        if not 1 <= port <= 65535:
+            raise ValueError(f"master_port={master_port!r} must be a TCP port number (1-65535)")
+        self.master_port = port
+        self.ttl_after_finished = int(
+            _number(
+                "ttl_after_finished", ttl_after_finished, "kubernetes_ttl_after_finished", DEFAULT_TTL_AFTER_FINISHED_S
+            )
+        )
+        self._api = Api(self.kubernetes_conn_id or "kubernetes_default")
+
+    # --- options ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _pool(option: str, value: Any, config_key: str, default: str) -> str:
+        text = _text(option, value, config_key, default) or default
+        if text == "-":
+            return ""
+        if label_value_problem(text):
+            raise ValueError(f"{option}={text!r} is not a NodePool name (a label value: <= 63 letters, digits, '-')")
+        return text
+
+    @staticmethod
+    def _names(option: str, value: Any, config_key: str) -> tuple[str, ...]:
+        if value is None or value == "":
+            value = provider_config(config_key)
+        items = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
+        out = tuple(v for v in items if v)
+        for item in out:
+            if not isinstance(item, str) or not is_dns1123_subdomain(item):
+                raise ValueError(f"{option}: {item!r} is not a Secret name (a DNS-1123 subdomain)")
+        return out
+
+    @staticmethod
+    def _priority_classes(value: Any) -> dict[str, int]:
+        allowed = 'a mapping of PriorityClass names to the lowest priority= each gets, e.g. {"gpu-high": 100}'
+        found = _json_option("priority_classes", value, "kubernetes_priority_classes", Mapping, allowed)
+        if found is None:
+            return dict(DEFAULT_PRIORITY_CLASSES)
+        out: dict[str, int] = {}
+        for name, bound in found.items():
+            if not isinstance(name, str) or not is_dns1123_subdomain(name):
+                raise ValueError(f"priority_classes key {name!r} is not a PriorityClass name (DNS-1123 subdomain)")
+            if isinstance(bound, bool) or not isinstance(bound, int):
+                raise ValueError(f"priority_classes[{name!r}]={bound!r} must be an integer priority bound")
+            out[name] = bound
+        return out
+
+    @staticmethod
+    def _node_selector(value: Any) -> dict[str, str]:
+        allowed = 'a mapping of node labels to values, e.g. {"team": "ml"} (or that as JSON)'
+        found = _json_option("node_selector", value, "kubernetes_node_selector", Mapping, allowed) or {}
+        for key, label in found.items():
+            why = label_key_problem(str(key)) or label_value_problem(str(label))
+            if why or not isinstance(label, str):
+                raise ValueError(f"node_selector[{key!r}]={label!r}: {why or 'values are strings'}")
+        return dict(found)
+
+    @staticmethod
+    def _tolerations(value: Any) -> list[dict[str, Any]]:
+        allowed = (
+            'a list of tolerations, e.g. [{"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]'
+        )
+        found = _json_option("tolerations", value, "kubernetes_tolerations", list, allowed) or []
+        known = {"key", "operator", "value", "effect", "tolerationSeconds"}
+        for i, toleration in enumerate(found):
+            if not isinstance(toleration, Mapping) or set(toleration) - known:
+                raise ValueError(f"tolerations[{i}]={toleration!r}: each is a mapping with keys from {sorted(known)}")
+            if toleration.get("operator", "Equal") not in ("Equal", "Exists"):
+                raise ValueError(f"tolerations[{i}].operator={toleration.get('operator')!r}: allowed: Equal, Exists")
+        return [dict(t) for t in found]
+
+    @staticmethod
+    def _secrets(value: Any) -> dict[str, tuple[str, str]]:
+        allowed = 'a mapping of variable names to "secret-name/key" of Kubernetes Secrets (or that as JSON)'
+        found = _json_option("secrets", value, "kubernetes_secrets", Mapping, allowed) or {}
+        out = {}
+        for var, ref in found.items():
+            if not isinstance(var, str) or not _ENV_NAME.fullmatch(var):
+                raise ValueError(f"secrets key {var!r} is not a valid environment variable name")
+            match = _SECRET_REF.fullmatch(ref) if isinstance(ref, str) else None
+            if match is None:
+                # a value passed here by mistake might be the secret itself: do not echo it
+                raise ValueError(
+                    f"secrets[{var!r}] must name a Kubernetes Secret and its key as 'secret-name/key', "
+                    "not hold the secret itself"
+                )
+            out[var] = (match.group(1), match.group(2))
+        return out
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "kubernetes_conn_id": self.kubernetes_conn_id,
+            "namespace": self.namespace,
+            "spot_node_pool": self.spot_node_pool or "-",
+            "on_demand_node_pool": self.on_demand_node_pool or "-",
+            "service_account": self.service_account,
+            "image_pull_secrets": list(self.image_pull_secrets),
+            "priority_classes": dict(self.priority_classes),
+            "node_selector": dict(self.node_selector),
+            "tolerations": [dict(t) for t in self.tolerations],
+            "secrets": {k: f"{s}/{key}" for k, (s, key) in self.secrets.items()},
+            "startup_timeout": self.startup_timeout,
+            "fractional_gpu_resource": self.fractional_gpu_resource,
+            "dashboard_url": self.dashboard_url,
+            "master_port": self.master_port,
+            "ttl_after_finished": self.ttl_after_finished,
+        }
+
+    def validate(
+        self,
+        resources: GpuResources,
+        capacity: str,
+        *,
+        multi_capacity: bool,
+        priority: int | None = None,
+        max_runtime_s: float | None = None,
+    ) -> None:
+        super().validate(
+            resources, capacity, multi_capacity=multi_capacity, priority=priority, max_runtime_s=max_runtime_s
+        )
+        if resources.fractional and not self.fractional_gpu_resource:
+            raise ValueError(
+                f"resources.gpus={resources.gpus!r}: the kubernetes backend shares a GPU through a MIG profile or "
+                "the device plugin's shared resource; set fractional_gpu_resource (e.g. 'nvidia.com/mig-1g.10gb') "
+                "or [gpu_provider] kubernetes_fractional_gpu_resource, or use gpus=1"
+            )
+        if resources.gpu_type and resources.gpu_type not in GPU_NODE_LABELS:
+            raise ValueError(
+                f"resources.gpu_type={resources.gpu_type!r}: the kubernetes backend places NVIDIA GPUs by "
+                f"karpenter.k8s.aws/instance-gpu-name; allowed: {', '.join(GPU_NODE_LABELS)}"
+            )
+
+    # --- manifests ----------------------------------------------------------------------------------
+
+    def priority_class(self, priority: int | None) -> str | None:
+        """The PriorityClass of a ``priority=`` (the class with the highest bound not above it)."""
+        if not self.priority_classes:
+            return None
+        value = 0 if priority is None else priority
+        ranked = sorted(self.priority_classes.items(), key=lambda kv: kv[1])
+        chosen = ranked[0][0]
+        for name, bound in ranked:
+            if bound <= value:
+                chosen = name
+        return chosen
+
+    def placement(self, request: JobRequest) -> Placement:
+        return Placement(
+            namespace=self.namespace,
+            node_pool=self.spot_node_pool if request.capacity == names.SPOT else self.on_demand_node_pool,
+            service_account=self.service_account,
+            image_pull_secrets=self.image_pull_secrets,
+            priority_class=self.priority_class(request.priority),
+            node_selector=self.node_selector,
+            tolerations=self.tolerations,
+            secrets=self.secrets,
+            fractional_resource=self.fractional_gpu_resource,
+            master_port=self.master_port,
+            ttl_after_finished_s=self.ttl_after_finished,
+        )
+
+    def manifests(self, request: JobRequest) -> list[dict[str, Any]]:
+        """What :meth:`submit` creates for ``request``: a Pod, or a Job and its Service (checked)."""
+        placement = self.placement(request)
+        if request.resources.nodes == 1:
+            built = [pod_manifest(request, placement)]
+        else:
+            built = list(job_manifests(request, placement))
+        for manifest in built:
+            check_manifest(manifest)
+        return built
+
+    # --- the contract ---------------------------------------------------------------------------------
+
+    def submit(self, request: JobRequest) -> JobHandle:
+        """Create the attempt's Pod, or its Job and Service; an existing object of that name is adopted."""
+        self.validate_image(request.image)
+        built = self.manifests(request)
+        identity = request.identity
+        kind = POD if request.resources.nodes == 1 else JOB
+        created = self._create(built[0], identity.task)
+        if kind == JOB:
+            service = dict(built[1])
+            owner = {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": identity.name,
+                "uid": str((created.get("metadata") or {}).get("uid") or ""),
+                "blockOwnerDeletion": True,
+            }
+            service["metadata"] = {**service["metadata"], "ownerReferences": [owner]}
+            self._create(service, identity.task)
+        log.info(
+            "Created Kubernetes %s %s/%s (%s, node pool %s).",
+            kind,
+            self.namespace,
+            identity.name,
+            request.capacity,
+            self.placement(request).node_pool or "any",
+        )
+        return self._handle(created, kind)
+
+    def _create(self, manifest: dict[str, Any], task: TaskKey) -> dict[str, Any]:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        api = self._api
+        create = {
+            "Pod": lambda: raw(api.core.create_namespaced_pod, self.namespace, manifest),
+            "Job": lambda: raw(api.batch.create_namespaced_job, self.namespace, manifest),
+            "Service": lambda: raw(api.core.create_namespaced_service, self.namespace, manifest),
+        }[kind]
+        try:
+            return call(f"create {kind} {name}", create)
+        except Exception as err:
+            if status_of(err) != 409:
+                if status_of(err) in (400, 403, 422):
+                    raise GpuJobError(
+                        f"Kubernetes refused to create {kind} {self.namespace}/{name} (HTTP {status_of(err)}): "
+                        f"{_api_message(err)}"
+                    ) from err
+                raise
+        existing = self._get(kind, name)
+        if existing is None:
+            raise GpuJobError(f"Kubernetes {kind} {self.namespace}/{name} exists and vanished while being adopted")
+        if kind != "Service" and _task_of(existing) not in (task, None):
+            raise GpuJobError(
+                f"Kubernetes {kind} {self.namespace}/{name} exists and belongs to another task "
+                f"({_task_of(existing)}); not adopting it"
+            )
+        log.info("Kubernetes %s %s/%s exists already for this attempt: adopting it.", kind, self.namespace, name)
+        return existing
+
+    def _get(self, kind: str, name: str, *, attempts: int = PATIENT_ATTEMPTS) -> dict[str, Any] | None:
+        api = self._api
+        read = {
+            "Pod": lambda: raw(api.core.read_namespaced_pod, name, self.namespace),
+            "Job": lambda: raw(api.batch.read_namespaced_job, name, self.namespace),
+            "Service": lambda: raw(api.core.read_namespaced_service, name, self.namespace),
+        }[kind]
+        try:
+            return call(f"read {kind} {name}", read, attempts=attempts)
+        except Exception as err:
+            if status_of(err) == 404:
+                return None
+            raise
+
+    def _handle(self, obj: Mapping[str, Any], kind: str) -> JobHandle:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        notes = meta.get("annotations") or {}
+        name = str(meta.get("name"))
+        match = _JOB_NAME.search(name)
+        attempt_label = str(labels.get(names.TAG_ATTEMPT) or "")
+        spec = obj.get("spec") or {}
+        nodes = int(spec.get("completions") or 1) if kind == JOB else 1
+        return JobHandle(
+            backend=self.name,
+            job_id=name,
+            name=name,
+            attempt=int(match.group(2)) if match else int(attempt_label or 1),
+            capacity=str(labels.get(names.TAG_CAPACITY) or names.ON_DEMAND),
+            submitted_at=parse_time(meta.get("creationTimestamp")) or time.time(),
+            extra={
+                "kind": kind,
+                "namespace": str(meta.get("namespace") or self.namespace),
+                "uid": str(meta.get("uid") or ""),
+                "nodes": nodes,
+                "gpus": float(notes.get(ANNOTATION_GPUS) or 1),
+            },
+        )
+
+    # --- status -------------------------------------------------------------------------------------
+
+    def _list(self, kind: str, selector: str, *, attempts: int = POLL_ATTEMPTS) -> list[dict[str, Any]]:
+        """Every object of ``kind`` in the namespace matching ``selector`` (one request per 500)."""
+        api = self._api
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"label_selector": selector, "limit": LIST_PAGE}
+            if token:
+                kwargs["_continue"] = token
+            fn = api.core.list_namespaced_pod if kind == POD else api.batch.list_namespaced_job
+            page = call(
+                f"list {kind}s",
+                lambda kwargs=kwargs, fn=fn: raw(fn, self.namespace, **kwargs),  # type: ignore[misc]
+                attempts=attempts,
+            )
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    def poll(self, handles: Sequence[JobHandle]) -> PollResult:
+        """One LIST of this provider's pods in the namespace (and of its Jobs when a multi-node attempt
+        is among ``handles``), whatever the number of attempts."""
+        if not handles:
+            return {}
+        selector = f"{MANAGED_BY}={MANAGER}"
+        pods = self._list(POD, selector)
+        by_attempt: dict[str, list[dict[str, Any]]] = {}
+        for pod in pods:
+            label = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT_NAME)
+            if label:
+                by_attempt.setdefault(str(label), []).append(pod)
+        jobs: dict[str, dict[str, Any]] = {}
+        if any(h.extra.get("kind") == JOB for h in handles):
+            jobs = {str(j["metadata"]["name"]): j for j in self._list(JOB, selector)}
+        result: PollResult = {}
+        for handle in handles:
+            try:
+                result[handle.job_id] = self._status(handle, by_attempt, jobs)
+            except ValueError as err:  # a state this version does not know: this job alone
+                result[handle.job_id] = GpuJobStatusError(
+                    f"Kubernetes {handle.extra.get('kind', POD)} {self.namespace}/{handle.name}: {err}"
+                )
+            except Exception as err:
+                result[handle.job_id] = GpuJobStatusError(
+                    f"Kubernetes {handle.extra.get('kind', POD)} {self.namespace}/{handle.name}: "
+                    f"{type(err).__name__}: {err}"
+                )
+        return result
+
+    def _status(
+        self, handle: JobHandle, by_attempt: Mapping[str, list[dict[str, Any]]], jobs: Mapping[str, dict[str, Any]]
+    ) -> JobStatus:
+        kind = str(handle.extra.get("kind") or POD)
+        pods = by_attempt.get(handle.name, [])
+        if kind == JOB:
+            job = jobs.get(handle.name)
+            if job is None:
+                return self._gone(handle)
+            obj: Mapping[str, Any] = job
+            remote, reason = job_remote_state(job, pods)
+        else:
+            bare = [p for p in pods if p["metadata"]["name"] == handle.name]
+            if not bare:
+                return self._gone(handle)
+            obj = bare[0]
+            remote, reason = pod_remote_state(obj)
+        state = map_state(STATE_TABLE, remote, backend=self.name)
+        interruption = interruption_of(state, remote, reason)
+        created = parse_time((obj.get("metadata") or {}).get("creationTimestamp")) or handle.submitted_at
+        waited = time.time() - created
+        stop: str | None = None
+        if state is JobState.FAILED and remote.startswith("Pending:"):
+            stop = (
+                f"its container can never start ({remote.partition(':')[2]}: {reason}); the attempt fails "
+                "instead of waiting (check the image name, the pull secrets and the Secrets it refers to)"
+            )
+            reason = stop
+        elif state is JobState.QUEUED and waited > self.startup_timeout:
+            stop = names.CAPACITY_TIMEOUT_MARK + (
+                f"no node for {waited:.0f}s, past startup_timeout={self.startup_timeout:g}s ({reason})"
+            )
+            state, reason, interruption = JobState.CANCELLED, stop, names.CAPACITY_TIMEOUT
+        elif state is JobState.STARTING and waited > self.startup_timeout:
+            stop = (
+                f"not running {waited:.0f}s after creation, past startup_timeout={self.startup_timeout:g}s ({reason})"
+            )
+            state, reason = JobState.FAILED, stop
+        if stop is not None and not (obj.get("metadata") or {}).get("deletionTimestamp"):
+            self._stop(handle, kind, stop, event=EVENT_CANCELLED if state is JobState.CANCELLED else EVENT_FAILED)
+        return self._status_of(handle, obj, pods, state, reason, interruption, remote)
+
+    def _status_of(
+        self,
+        handle: JobHandle,
+        obj: Mapping[str, Any],
+        pods: Sequence[Mapping[str, Any]],
+        state: JobState,
+        reason: str,
+        interruption: str | None,
+        remote: str,
+    ) -> JobStatus:
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        members = pods if handle.extra.get("kind") == JOB else [obj]
+        starts = [t for t in (pod_times(p)[0] for p in members) if t is not None]
+        ends = [t for t in (pod_times(p)[1] for p in members) if t is not None]
+        started = min(starts) if starts else None
+        ended = (max(ends) if ends else None) if state.terminal else None
+        if state.terminal and handle.extra.get("kind") == JOB:
+            for kind in ("Complete", "Failed"):
+                cond = condition(obj, kind)
+                if cond is not None:
+                    ended = parse_time(cond.get("lastTransitionTime")) or ended
+        if state.terminal and ended is None and started is not None:
+            ended = time.time()
+        if started is not None and ended is not None and ended < started:
+            ended = started
+        gpus = float(handle.extra.get("gpus") or 1) * int(handle.extra.get("nodes") or 1)
+        gpu_seconds = gpus * max(0.0, (ended or time.time()) - started) if started else 0.0
+        code = None
+        failed = [p for p in members if exit_code(p) not in (None, 0)]
+        if state is JobState.SUCCEEDED:
+            code = 0
+        elif failed:
+            code = exit_code(failed[0])
+        elif state is JobState.FAILED and members:
+            code = exit_code(members[0])
+        if state is JobState.FAILED and remote == "Failed" and code is not None:
+            reason = f"exit code {code}" + (f" ({reason})" if reason else "")
+        owner = str(labels.get(names.TAG_OWNER_TRY) or "")
+        node_capacity = None
+        for pod in members:
+            node_capacity = ((pod.get("spec") or {}).get("nodeSelector") or {}).get("karpenter.sh/capacity-type")
+        return JobStatus(
+            state=state,
+            reason=reason,
+            exit_code=code,
+            started_at=started,
+            ended_at=ended,
+            gpu_seconds=gpu_seconds,
+            interruption=interruption,
+            capacity=str(node_capacity or handle.capacity),
+            owner_try=int(owner) if owner.isdigit() else None,
+            collected=str(labels.get(names.TAG_COLLECTED) or "").lower() == "true",
+            log_url=self.console_url(handle),
+        )
+
+    def _gone(self, handle: JobHandle) -> JobStatus:
+        """A Pod or Job that no longer exists: deleted by this provider (an Event says why), else lost."""
+        kind = str(handle.extra.get("kind") or POD)
+        events = self._tombstones(handle.name)
+        for event in events:
+            message = str(event.get("message") or "")
+            if event.get("reason") == EVENT_CANCELLED:
+                text = message.removeprefix(names.CANCEL_PREFIX)
+                return JobStatus(
+                    state=JobState.CANCELLED,
+                    reason=text,
+                    interruption=interruption_of(JobState.CANCELLED, "Deleted", text),
+                    capacity=handle.capacity,
+                )
+            if event.get("reason") == EVENT_FAILED:
+                return JobStatus(state=JobState.FAILED, reason=message, capacity=handle.capacity)
+        return JobStatus(
+            state=JobState.FAILED,
+            reason=(
+                f"Kubernetes no longer knows {kind} {self.namespace}/{handle.name} (deleted by someone else, its "
+                "node's removal or garbage collection): how it ended cannot be known. Treated as lost: the capacity "
+                "policy decides whether a new attempt runs, resuming from the latest checkpoint."
+            ),
+            interruption=names.LOST,
+            capacity=handle.capacity,
+        )
+
+    def _tombstones(self, name: str) -> list[dict[str, Any]]:
+        api = self._api
+        page = call(
+            "list events",
+            lambda: raw(
+                api.core.list_namespaced_event,
+                self.namespace,
+                field_selector=f"involvedObject.name={name},source={MANAGER}",
+            ),
+        )
+        found = [e for e in page.get("items") or [] if e.get("reason") in (EVENT_CANCELLED, EVENT_FAILED)]
+        return sorted(found, key=lambda e: str(e.get("lastTimestamp") or ""))
+
+    # --- cancel and marks ---------------------------------------------------------------------------
+
+    def cancel(self, handle: JobHandle, reason: str) -> None:
+        """Delete the Pod, or the Job with its pods and Service (foreground), leaving an Event with the reason."""
+        kind = str(handle.extra.get("kind") or POD)
+        run_bounded(f"delete {kind} {handle.name}", lambda: self._cancel(handle, kind, reason))
+
+    def _cancel(self, handle: JobHandle, kind: str, reason: str) -> None:
+        obj = self._get(kind, handle.name)
+        if obj is None:
+            return
+        if kind == POD:
+            remote, _ = pod_remote_state(obj)
+        else:
+            remote, _ = job_remote_state(obj, [])
+        if remote != "Deleted" and map_state(STATE_TABLE, remote, backend=self.name).terminal:
+            return  # ended: nothing to stop, and its outcome stays readable
+        self._stop(handle, kind, names.CANCEL_PREFIX + reason, event=EVENT_CANCELLED)
+
+    def _stop(self, handle: JobHandle, kind: str, reason: str, *, event: str) -> None:
+        """Mark ``reason`` on the object and in an Event (which outlives it), then delete it."""
+        api = self._api
+        text = reason[:1024]
+        patch = {"metadata": {"annotations": {CANCEL_ANNOTATION: text}}}
+        patch_fn = api.core.patch_namespaced_pod if kind == POD else api.batch.patch_namespaced_job
+        exists(lambda: call(f"patch {kind} {handle.name}", lambda: raw(patch_fn, handle.name, self.namespace, patch)))
+        self._event(handle, kind, event, text)
+        body = {"propagationPolicy": "Foreground"}
+        if kind == POD:
+            exists(
+                lambda: call(
+                    "delete pod", lambda: raw(api.core.delete_namespaced_pod, handle.name, self.namespace, body=body)
+                )
+            )
+        else:
+            exists(
+                lambda: call(
+                    "delete job", lambda: raw(api.batch.delete_namespaced_job, handle.name, self.namespace, body=body)
+                )
+            )
+            exists(
+                lambda: call(
+                    "delete service",
+                    lambda: raw(api.core.delete_namespaced_service, handle.name, self.namespace, body=body),
+                )
+            )
+        log.info("Deleted Kubernetes %s %s/%s: %s", kind, self.namespace, handle.name, text)
+
+    def _event(self, handle: JobHandle, kind: str, reason: str, message: str) -> None:
+        now = _now_rfc3339()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{handle.name}.{uuid.uuid4().hex[:16]}", "namespace": self.namespace},
+            "involvedObject": {
+                "apiVersion": "v1" if kind == POD else "batch/v1",
+                "kind": kind,
+                "name": handle.name,
+                "namespace": self.namespace,
+                "uid": str(handle.extra.get("uid") or ""),
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Normal" if reason == EVENT_CANCELLED else "Warning",
+            "source": {"component": MANAGER},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        api = self._api
+        call("create event", lambda: raw(api.core.create_namespaced_event, self.namespace, event))
+
+    def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:
+        """Label the Pod or Job: the try that owns it, or that its outcome was collected."""
+        labels: dict[str, str] = {}
+        if owner_try is not None:
+            if isinstance(owner_try, bool) or not isinstance(owner_try, int) or owner_try < 1:
+                raise ValueError(f"owner_try={owner_try!r} must be an Airflow try number (an integer, 1 or more)")
+            labels[names.TAG_OWNER_TRY] = str(owner_try)
+        if collected:
+            labels[names.TAG_COLLECTED] = "true"
+        if not labels:
+            return
+        kind = str(handle.extra.get("kind") or POD)
+        api = self._api
+        fn = api.core.patch_namespaced_pod if kind == POD else api.batch.patch_namespaced_job
+        body = {"metadata": {"labels": labels}}
+        try:
+            call(f"label {kind} {handle.name}", lambda: raw(fn, handle.name, self.namespace, body))
+        except Exception as err:
+            if status_of(err) == 404:
+                raise GpuJobError(
+                    f"Kubernetes no longer knows {kind} {self.namespace}/{handle.name}: it cannot be labelled"
+                ) from err
+            raise
+
+    # --- lookups ------------------------------------------------------------------------------------
+
+    def _objects(self, selector: str) -> list[tuple[str, dict[str, Any]]]:
+        """Bare pods and Jobs of this provider matching ``selector`` (a Job's pods left out)."""
+        found: list[tuple[str, dict[str, Any]]] = []
+        for pod in self._list(POD, selector, attempts=PATIENT_ATTEMPTS):
+            if ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT_NAME) == pod["metadata"]["name"]:
+                found.append((POD, pod))
+        for job in self._list(JOB, selector, attempts=PATIENT_ATTEMPTS):
+            found.append((JOB, job))
+        return found
+
+    def find_existing(self, task: TaskKey) -> list[JobHandle]:
+        """Every attempt of the task instance in the namespace, found by its labels (run hash, map index)."""
+        labels = (
+            f"{MANAGED_BY}={MANAGER}",
+            f"{names.TAG_RUN_HASH}={task.run_hash}",
+            f"{names.TAG_MAP_INDEX}={map_index_label(task.map_index)}",
+        )
+        selector = ",".join(labels)
+        handles = [self._handle(obj, kind) for kind, obj in self._objects(selector) if _task_of(obj) == task]
+        return sorted(handles, key=lambda h: (h.attempt, h.submitted_at))
+
+    def lookup(self, *, job_id: str | None = None, name: str | None = None) -> JobHandle | None:
+        """A Pod or Job by its name (on Kubernetes an object's name in its namespace is its id)."""
+        field_name, value = lookup_key(job_id, name)
+        if not is_dns1123_subdomain(value):
+            raise ValueError(f"{field_name}={value!r}: not a Kubernetes object name (a DNS-1123 subdomain)")
+        for kind in (POD, JOB):
+            obj = self._get(kind, value)
+            if obj is not None:
+                return self._handle(obj, kind)
+        return None
+
+    def task_of(self, handle: JobHandle) -> TaskKey | None:
+        obj = self._get(str(handle.extra.get("kind") or POD), handle.name)
+        return _task_of(obj) if obj is not None else None
+
+    def list_owned(self) -> list[OwnedJob]:
+        """Every active Pod and Job in the namespace carrying this provider's labels."""
+        owned = []
+        for kind, obj in self._objects(f"{MANAGED_BY}={MANAGER}"):
+            if kind == POD:
+                remote, _ = pod_remote_state(obj)
+            else:
+                remote, _ = job_remote_state(obj, [])
+            state = STATE_TABLE.get(remote)
+            if state is None or state.terminal or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            handle = self._handle(obj, kind)
+            meta = obj.get("metadata") or {}
+            labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+            owner = str(labels.get(names.TAG_OWNER_TRY) or labels.get(names.TAG_TRY_NUMBER) or "")
+            runtime = str(notes.get(ANNOTATION_MAX_RUNTIME) or "")
+            started = pod_times(obj)[0] if kind == POD else parse_time((obj.get("status") or {}).get("startTime"))
+            owned.append(
+                OwnedJob(
+                    handle=handle,
+                    task=_task_of(obj),
+                    state=state,
+                    try_number=int(owner) if owner.isdigit() else None,
+                    team=str(labels.get(names.TAG_TEAM)) if labels.get(names.TAG_TEAM) else None,
+                    started_at=started,
+                    nodes=int(handle.extra.get("nodes") or 1),
+                    gpus=float(handle.extra.get("gpus") or 1),
+                    max_runtime_s=float(runtime) if runtime.isdigit() else None,
+                )
+            )
+        return owned
+
+    # --- logs and links -----------------------------------------------------------------------------
+
+    def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = LOG_READ_BYTES) -> LogChunk:
+        """Lines of every pod of the attempt after ``cursor`` (``{pod: lines read}``), ``rank N:`` prefixed
+        for multi-node attempts; only complete lines of a running container are taken."""
+        read: dict[str, int] = json.loads(cursor) if cursor else {}
+        pods = self._list(POD, f"{LABEL_ATTEMPT_NAME}={handle.name}")
+        pods.sort(key=lambda p: (rank_of(p), str((p.get("metadata") or {}).get("creationTimestamp"))))
+        multi = int(handle.extra.get("nodes") or 1) > 1
+        lines: list[str] = []
+        size = 0
+        more = False
+        for pod in pods:
+            name = str(pod["metadata"]["name"])
+            state = (pod.get("status") or {}).get("phase")
+            if state == "Pending" and not pod_times(pod)[0]:
+                continue
+            ended = state in ("Succeeded", "Failed")
+            prefix = f"rank {rank_of(pod)}: " if multi else ""
+            taken, stopped = self._read_pod_log(name, read.get(name, 0), ended, max_bytes - size, prefix, lines)
+            read[name] = read.get(name, 0) + taken
+            size += sum(len(line.encode()) + 1 for line in lines[len(lines) - taken :]) if taken else 0
+            if stopped:
+                more = True
+                break
+        return LogChunk(lines=lines, cursor=json.dumps(read, sort_keys=True) if read else cursor, more=more)
+
+    def _read_pod_log(
+        self, pod: str, skip: int, ended: bool, budget: int, prefix: str, out: list[str]
+    ) -> tuple[int, bool]:
+        """Append the lines of ``pod`` after the first ``skip`` to ``out`` within ``budget`` bytes;
+        answer how many were taken and whether the budget stopped the read."""
+        api = self._api
+        try:
+            response = call(
+                f"read log of {pod}",
+                lambda: api.core.read_namespaced_pod_log(
+                    pod, self.namespace, container=CONTAINER, _preload_content=False, _request_timeout=(10, 60)
+                ),
+                attempts=POLL_ATTEMPTS,
+            )
+        except Exception as err:
+            if status_of(err) in (400, 404):  # not started yet, or gone
+                return 0, False
+            raise
+        taken, index, stopped = 0, 0, False
+        pending = b""
+        try:
+            for chunk in response.stream(64 * 1024):
+                pending += chunk
+                *complete, pending = pending.split(b"\n")
+                for raw_line in complete:
+                    index += 1
+                    if index <= skip:
+                        continue
+                    line = prefix + clip_line(raw_line.decode("utf-8", "replace"))
+                    if taken and budget - (len(line.encode()) + 1) < 0:
+                        stopped = True
+                        break
+                    budget -= len(line.encode()) + 1
+                    out.append(line)
+                    taken += 1
+                if stopped:
+                    break
+            if not stopped and ended and pending:
+                index += 1
+                if index > skip:
+                    line = prefix + clip_line(pending.decode("utf-8", "replace"))
+                    if taken and budget - (len(line.encode()) + 1) < 0:
+                        stopped = True
+                    else:
+                        out.append(line)
+                        taken += 1
+        finally:
+            response.release_conn()
+        return taken, stopped
+
+    def console_url(self, handle: JobHandle) -> str | None:
+        if not self.dashboard_url:
+            return None
+        kind = str(handle.extra.get("kind") or POD)
+        try:
+            return self.dashboard_url.format(namespace=self.namespace, name=handle.name, kind=kind.lower())
+        except (KeyError, IndexError, ValueError):
+            return None
+
+
+def _task_of(obj: Mapping[str, Any]) -> TaskKey | None:
+    meta = obj.get("metadata") or {}
+    notes = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    dag_id, task_id, run_id = (notes.get(k) for k in (ANNOTATION_DAG_ID, ANNOTATION_TASK_ID, ANNOTATION_RUN_ID))
+    if not (dag_id and task_id and run_id):
+        return None
+    text = str(labels.get(names.TAG_MAP_INDEX) or "none")
+    map_index = int(text) if text.isdigit() else -1
+    return TaskKey(str(dag_id), str(task_id), str(run_id), map_index)
+
+
+def _api_message(err: BaseException) -> str:
+    body = getattr(err, "body", None)
+    try:
+        return str(json.loads(body).get("message")) if body else str(err)
+    except (ValueError, AttributeError):
+        return str(body or err)[:500]
