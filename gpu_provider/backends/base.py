@@ -545,6 +545,7 @@ DEFAULT_BACKEND = "local"
 _REGISTRY: dict[str, str] = {
     "local": "gpu_provider.backends.local.LocalBackend",
     "batch": "gpu_provider.backends.batch.BatchBackend",
+    "sagemaker": "gpu_provider.backends.sagemaker.SageMakerBackend",
 }
 
 
