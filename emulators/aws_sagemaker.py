@@ -110,6 +110,8 @@ MESSAGES = {
     "Stopped": "Training job stopped",
     "Interrupted": "Training job interrupted: the managed spot instances were reclaimed (spot interruption); "
     "SageMaker restarts the job from its checkpoint",
+    "Reclaimed": "Training job interrupted: the managed spot instances were reclaimed and the job could not be "
+    "restarted",
     "MaxWaitTimeExceeded": "Training job exceeded MaxWaitTimeInSeconds: spot capacity did not come in time",
     "MaxRuntimeExceeded": "Training job exceeded MaxRuntimeInSeconds",
 }
@@ -325,14 +327,15 @@ class SageMakerEmulator:
             else:
                 self._held.discard(capacity)
 
-    def interrupt(self, name: str) -> None:
-        """Reclaim a training managed-spot job's instances now; SageMaker restarts it from its checkpoint."""
+    def interrupt(self, name: str, *, restart: bool = True) -> None:
+        """Reclaim a managed-spot job's instances now: SageMaker restarts it from its checkpoint, or with
+        ``restart=False`` the job ends there (Stopped/Interrupted), as when it cannot come back."""
         job = self._job(name)
         if not job.spot:
             raise ValueError(f"training job {name} is not a managed spot job: nothing reclaims its instances")
         with self._lock:
             if job.stop_kind is None:
-                job.stop_kind = "interrupt"
+                job.stop_kind = "interrupt" if restart else "reclaim"
         job.wake.set()
 
     def interrupt_after(self, seconds: float, *, name_contains: str | None = None, count: int = 1) -> None:
@@ -633,6 +636,8 @@ class SageMakerEmulator:
             return False
         if kind == "fail":
             self._end(job, "Failed", "Failed", job.fail_reason or "InternalServerError")
+        elif kind == "reclaim":
+            self._end(job, "Stopped", "Interrupted", MESSAGES["Reclaimed"])
         else:
             self._end(job, "Stopped", "Stopped", MESSAGES["Stopped"])
         return True
@@ -688,6 +693,8 @@ class SageMakerEmulator:
             return "interrupted"
         if kind == "fail":
             self._end(job, "Failed", "Failed", job.fail_reason or "InternalServerError")
+        elif kind == "reclaim":
+            self._end(job, "Stopped", "Interrupted", MESSAGES["Reclaimed"])
         elif kind == "runtime":
             self._end(job, "Stopped", "MaxRuntimeExceeded", MESSAGES["MaxRuntimeExceeded"])
         elif kind == "maxwait":

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ("tests.harness", "tests.batch_world", "tests.ec2_world", "tests.parallel")
+pytest_plugins = ("tests.harness", "tests.batch_world", "tests.ec2_world", "tests.sagemaker_world", "tests.parallel")
 
 # one home per process: under xdist every worker (gw0, gw1, ...) gets its own
 _HOME = Path(tempfile.mkdtemp(prefix=f"gpu-provider-tests-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-"))

@@ -58,7 +58,7 @@ from gpu_provider.backends.batch.calls import (
 from gpu_provider.backends.batch.logs import LogCursor, StreamNotFoundError, log_chunk, read_streams
 from gpu_provider.backends.sagemaker import mapping
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
-from gpu_provider.job import GpuResources
+from gpu_provider.job import GpuResources, to_bool
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -92,6 +92,15 @@ LIST_OVERLAP_S = 60.0
 VISIBILITY_GRACE_S = 60.0
 #: the tag on a job this provider stopped: why (``CANCEL_PREFIX`` + reason), read back from a Stopped job
 TAG_STOP_REASON = names.TAG_PREFIX + "stop-reason"
+
+#: the multi-node entry wrapper: POSIX sh and sed only. SageMaker names its hosts algo-1 ... algo-N and
+#: tells each container its own in resourceconfig.json: NODE_RANK = n - 1, and the rendezvous runs on
+#: algo-1 (unless the environment names another MASTER_ADDR). Then it execs the command.
+MULTI_NODE_ENTRY = (
+    'c="${SM_INPUT_CONFIG_DIR:-/opt/ml/input/config}/resourceconfig.json"; '
+    "n=$(sed -n 's/.*\"current_host\": *\"algo-\\([0-9]*\\)\".*/\\1/p' \"$c\"); "
+    'export NODE_RANK=$((${n:-1} - 1)); export MASTER_ADDR="${MASTER_ADDR:-algo-1}"; exec "$@"'
+)
 
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
 _TAG_UNSAFE = re.compile(r"[^\w\s.:/=+\-@]", re.UNICODE)
@@ -169,6 +178,9 @@ class SageMakerBackend(Backend):
         [``sagemaker_instance_type``]; default: the instance table's ``a10g`` row for the GPU count.
     :param kms_key_id: KMS key for the output and the instances' volumes [``sagemaker_kms_key_id``].
     :param master_port: ``MASTER_PORT`` of multi-node jobs (default 29500).
+    :param multi_node_entry: wrap multi-node commands in a ``/bin/sh`` entry that sets ``NODE_RANK`` and
+        ``MASTER_ADDR`` from SageMaker's ``resourceconfig.json`` (default true). Turn off if the image
+        has no ``/bin/sh`` and the job normalises them itself (``gpu_provider.runtime.launch``).
     """
 
     name: ClassVar[str] = "sagemaker"
@@ -202,6 +214,7 @@ class SageMakerBackend(Backend):
         instance_type: str | None = None,
         kms_key_id: str | None = None,
         master_port: int | str = DEFAULT_MASTER_PORT,
+        multi_node_entry: bool | str = True,
     ) -> None:
         self.role_arn = _text_option("role_arn", role_arn, config_key="sagemaker_role_arn")
         if self.role_arn and not _ROLE_ARN.fullmatch(self.role_arn):
@@ -246,6 +259,7 @@ class SageMakerBackend(Backend):
         if not 1 <= port <= 65535:
             raise ValueError(f"master_port={master_port!r} must be a TCP port number (1-65535)")
         self.master_port = port
+        self.multi_node_entry = to_bool("multi_node_entry", multi_node_entry)
 
         self._clients = Clients(self.aws_conn_id or "aws_default", self.region_name, main_service="sagemaker")
         # what the last reads saw, per job name: (LastModifiedTime, DescribeTrainingJob answer, tags).
@@ -267,6 +281,7 @@ class SageMakerBackend(Backend):
             "instance_type": self.instance_type,
             "kms_key_id": self.kms_key_id,
             "master_port": self.master_port,
+            "multi_node_entry": self.multi_node_entry,
         }
         return {k: v for k, v in opts.items() if v is not None}
 
@@ -367,6 +382,8 @@ class SageMakerBackend(Backend):
                 "use an s3:// checkpoint location with the sagemaker backend"
             )
         command = list(request.command)
+        if request.resources.nodes > 1 and self.multi_node_entry:
+            command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *command]
         for i, arg in enumerate(command):
             if len(arg) > MAX_ARGUMENT_CHARS:
                 raise ValueError(
@@ -647,6 +664,7 @@ class SageMakerBackend(Backend):
                 reason = f"{last_message or secondary}: the job ran past max_runtime (MaxRuntimeInSeconds={limit})"
         elif state is JobState.CANCELLED:
             ours = str(tags.get(TAG_STOP_REASON) or "")
+            ours = ours[len(names.CANCEL_PREFIX) :] if ours.startswith(names.CANCEL_PREFIX) else ours
             if secondary == mapping.MAX_WAIT_EXCEEDED:
                 wait = (job.get("StoppingCondition") or {}).get("MaxWaitTimeInSeconds")
                 reason = (
@@ -675,7 +693,7 @@ class SageMakerBackend(Backend):
         ended = mapping.seconds(job.get("TrainingEndTime")) if state.terminal else None
         gpus = float(handle.extra.get("gpus") or 0) or float(tags.get(names.TAG_GPUS) or 0)
         trained = job.get("TrainingTimeInSeconds")
-        if trained is not None:
+        if trained:  # whole seconds: a job shorter than one second reads its start and end instead
             gpu_seconds = gpus * float(trained)
         elif started:
             gpu_seconds = gpus * max(0.0, (ended or time.time()) - started)
@@ -687,7 +705,7 @@ class SageMakerBackend(Backend):
         return JobStatus(
             state=state,
             reason=reason,
-            exit_code=code,
+            exit_code=0 if state is JobState.SUCCEEDED else code,
             started_at=started,
             ended_at=ended,
             gpu_seconds=gpu_seconds,
@@ -722,9 +740,9 @@ class SageMakerBackend(Backend):
             if _error_code(err) != "ValidationException":
                 raise
             job = self._describe_job(handle.job_id, attempts=PATIENT_ATTEMPTS)
-            if job is not None and job.get("TrainingJobStatus") in ("InProgress", "Stopping"):
+            if job is not None and job.get("TrainingJobStatus") == "InProgress":
                 raise
-            # it had ended already (StopTrainingJob refuses a job that is not InProgress): nothing to stop
+            # stopping or ended already (StopTrainingJob refuses a job that is not InProgress): nothing to do
 
     def _job_arn(self, handle: JobHandle) -> str:
         job = self._describe_job(handle.job_id, attempts=PATIENT_ATTEMPTS)

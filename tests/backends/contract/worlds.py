@@ -48,6 +48,7 @@ from gpu_provider.exceptions import GpuJobStatusError
 from gpu_provider.job import GpuResources
 from tests.batch_world import BatchWorld
 from tests.harness import wait_for
+from tests.sagemaker_world import SageMakerWorld
 
 #: seconds between two status reads while a test waits (each read may be an HTTP call)
 POLL_S = 0.2
@@ -290,8 +291,58 @@ class BatchBackendWorld(BackendWorld):
         self.release_capacity()
 
 
+class SageMakerBackendWorld(BackendWorld):
+    """SageMaker training jobs on the SageMaker emulator (hosts run as local processes).
+
+    Capacity is held in the emulator (jobs wait in Starting); a preemption is a managed-spot reclaim the
+    job does not come back from (Stopped/Interrupted), and :meth:`restart_inside` is the usual reclaim,
+    which SageMaker restarts inside the same training job.
+    """
+
+    name = "sagemaker"
+    held_reason = None
+
+    def __init__(self, sagemaker: SageMakerWorld) -> None:
+        self.sagemaker = sagemaker
+        self.emulator = sagemaker.emulator
+
+    @classmethod
+    def create(cls, request: pytest.FixtureRequest, tmp_path: Path) -> SageMakerBackendWorld:
+        return cls(request.getfixturevalue("sagemaker"))
+
+    def backend(self) -> Backend:
+        return self.backend_class().from_options(**self.sagemaker.options)
+
+    def preempt(self, handle: JobHandle) -> None:
+        self.emulator.interrupt(handle.job_id, restart=False)
+
+    def restart_inside(self, handle: JobHandle) -> None:
+        self.emulator.interrupt(handle.job_id)
+
+    def hold_capacity(self) -> None:
+        self.emulator.hold(names.SPOT)
+        self.emulator.hold(names.ON_DEMAND)
+
+    def release_capacity(self) -> None:
+        self.emulator.release()
+
+    def _forget(self, handle: JobHandle) -> None:
+        self.emulator.forget(handle.job_id)
+
+    def break_state(self, handle: JobHandle) -> str:
+        self.emulator.report_status(handle.job_id, "Archived", "Archived")  # the shape of a state SageMaker could add
+        return "Archived/Archived"
+
+    def cleanup(self) -> None:
+        self.release_capacity()
+
+
 #: every world the suite runs against, by name (the ``world`` fixture's parameters)
-WORLDS: dict[str, type[BackendWorld]] = {"local": LocalBackendWorld, "batch": BatchBackendWorld}
+WORLDS: dict[str, type[BackendWorld]] = {
+    "local": LocalBackendWorld,
+    "batch": BatchBackendWorld,
+    "sagemaker": SageMakerBackendWorld,
+}
 
 
 def worlds_where(capable: Callable[[Capabilities], bool]) -> list[str]:
