@@ -17,7 +17,7 @@ from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Wait, describe
 from gpu_provider.engine.logs import LogForwarder
-from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, AttemptWatch
+from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, RESTART_LIMIT, AttemptWatch
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobDeadlineError, GpuJobPollError, GpuJobStatusError
 from gpu_provider.records import AttemptRecord
 
@@ -118,6 +118,10 @@ class AttemptRunner:
     def queue_timeout(self, record: AttemptRecord) -> float | None:
         return self.queue_timeout_s if self.capacity_wait(record) is None else None
 
+    def restart_limit(self, record: AttemptRecord) -> int | None:
+        """Restarts inside the attempt after which it is stopped (only where the service restarts jobs)."""
+        return self.engine.restart_limit(record) if self.backend.capabilities.restarts_inside_job else None
+
     # --- at the start of a try -------------------------------------------------------------------
     def cancel_duplicates(self, stored: set[str]) -> None:
         """Two live attempts of one task instance (a re-sent submit, a zombie try): keep one, cancel the rest."""
@@ -148,6 +152,7 @@ class AttemptRunner:
             capacity_wait=self.capacity_wait(record),
             queue_timeout=self.queue_timeout(record),
             log=self.log,
+            restart_limit=self.restart_limit(record),
         )
         while not self.stop.is_set():
             try:
@@ -195,6 +200,20 @@ class AttemptRunner:
                 return Wait(record)
             engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
             record.interruption = names.CAPACITY_TIMEOUT
+        elif outcome == RESTART_LIMIT:
+            reason = (
+                f"{names.RESTART_LIMIT_MARK}the service restarted the job {status.restarts} time(s) inside this "
+                f"attempt after spot interruptions ({status.reason or 'no reason given'}); the capacity policy runs "
+                f"its next attempt instead; stopped by {self.label}"
+            )
+            if not self.cancel(record, reason):
+                self.stop.wait(self.cancel_retry_s)
+                return Wait(record)
+            stopped = JobStatus.from_dict(
+                {**status.to_dict(), "state": JobState.CANCELLED.value, "reason": reason, "ended_at": time.time()}
+            )
+            engine.saw(record, stopped)
+            record.interruption = names.PREEMPTED
         elif outcome in (QUEUE_TIMEOUT, DEADLINE):
             what = (
                 f"still queued after queue_timeout={self.queue_timeout_s or 0:.0f}s"

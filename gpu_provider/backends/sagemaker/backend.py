@@ -98,7 +98,7 @@ TAG_STOP_REASON = names.TAG_PREFIX + "stop-reason"
 #: algo-1 (unless the environment names another MASTER_ADDR). Then it execs the command.
 MULTI_NODE_ENTRY = (
     'c="${SM_INPUT_CONFIG_DIR:-/opt/ml/input/config}/resourceconfig.json"; '
-    "n=$(sed -n 's/.*\"current_host\": *\"algo-\\([0-9]*\\)\".*/\\1/p' \"$c\"); "
+    'n=$(sed -n \'s/.*"current_host": *"algo-\\([0-9]*\\)".*/\\1/p\' "$c"); '
     'export NODE_RANK=$((${n:-1} - 1)); export MASTER_ADDR="${MASTER_ADDR:-algo-1}"; exec "$@"'
 )
 
@@ -676,6 +676,8 @@ class SageMakerBackend(Backend):
                 reason = ours
                 if ours.startswith(names.CAPACITY_TIMEOUT_MARK):
                     interruption = names.CAPACITY_TIMEOUT
+                elif ours.startswith(names.RESTART_LIMIT_MARK):
+                    interruption = names.PREEMPTED  # restarted too often on spot: the policy's next attempt runs
             else:
                 reason = (
                     f"stopped outside Airflow (StopTrainingJob by someone else, e.g. in the console): "
