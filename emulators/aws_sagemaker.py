@@ -96,6 +96,7 @@ _BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
 _TAG_VALUE = re.compile(r"^[\w\s.:/=+\-@]*$", re.UNICODE)
 _NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 _TICK = 0.05
+_HELD_TICK = 0.2  # a job waiting for held capacity looks again this often (many may wait at once)
 #: how often a training host's checkpoint folder is copied to S3
 SYNC_EVERY_S = 0.25
 
@@ -237,6 +238,7 @@ class SageMakerEmulator:
         self._reported: dict[str, tuple[str, str]] = {}
         self._interrupt_rules: list[dict[str, Any]] = []
         self._s3: Any = None
+        self._wait_clock = 1.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -343,6 +345,12 @@ class SageMakerEmulator:
         with self._lock:
             self._interrupt_rules.append({"after": seconds, "contains": name_contains, "left": count})
 
+    def wait_clock(self, factor: float) -> None:
+        """Run the clock of ``MaxWaitTimeInSeconds`` ``factor`` times faster (1: real time), so a test sees
+        SageMaker give a spot job up (MaxWaitTimeExceeded) without waiting its limit out."""
+        with self._lock:
+            self._wait_clock = float(factor)
+
     def fail(self, name: str, reason: str) -> None:
         """End a job Failed now with ``reason`` as its FailureReason (an internal error, say)."""
         job = self._job(name)
@@ -377,6 +385,7 @@ class SageMakerEmulator:
             self._held.clear()
             self._reported.clear()
             self._interrupt_rules.clear()
+            self._wait_clock = 1.0
 
     def requests(self, action: str | None = None) -> list[dict[str, Any]]:
         return self._log.requests(action)
@@ -582,7 +591,7 @@ class SageMakerEmulator:
 
     def _waited_too_long(self, job: TrainingJob) -> bool:
         wait = job.stopping.get("MaxWaitTimeInSeconds")
-        return bool(job.spot and wait and time.time() - job.created > float(wait))
+        return bool(job.spot and wait and (time.time() - job.created) * self._wait_clock > float(wait))
 
     def _lifecycle(self, job: TrainingJob) -> None:
         try:
@@ -604,7 +613,7 @@ class SageMakerEmulator:
                     held = capacity in self._held
                 if not held:
                     break
-                if self._pause(job, _TICK):
+                if self._pause(job, _HELD_TICK):
                     break
             if job.stop_kind is not None or self._pause(job, self.step_seconds):
                 if self._stopped_early(job):

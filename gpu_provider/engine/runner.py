@@ -238,6 +238,7 @@ class AttemptRunner:
             reader = LogForwarder(self.backend, record.handle, self.log, copy=False)
             reader.pump(drain=True)
             record.output_uri = reader.output_uri
+        self.settle_earlier(record)
         self.collect(record)
         result = self.engine.result(record, checkpoint_uri)
         self.log.info(
@@ -247,6 +248,26 @@ class AttemptRunner:
             result["gpu_seconds"],
         )
         return result
+
+    def settle_earlier(self, record: AttemptRecord) -> None:
+        """Read once more the earlier attempts of this run whose end this try caused but did not see
+        (one stopped after restarts inside the job): the service reports their billable time only
+        once they have stopped. One status call; a failure leaves the records as they are."""
+        pending = [
+            r for r in self.engine.current if r is not record and r.state.terminal and r.billable_seconds is None
+        ]
+        if not pending or not self.backend.capabilities.restarts_inside_job:
+            return
+        try:
+            statuses = self.backend.poll([r.handle for r in pending])
+        except Exception as err:
+            self.log.info("Could not read the final figures of earlier attempts: %s", err)
+            return
+        for r in pending:
+            status = statuses.get(r.job_id)
+            if isinstance(status, JobStatus) and status.state.terminal:
+                r.billable_seconds = status.billable_seconds
+                r.gpu_seconds = round(max(r.gpu_seconds, status.gpu_seconds), 3)
 
     def collect(self, record: AttemptRecord | None) -> None:
         """The task instance's run of the job ended with ``record`` (it succeeded, or the try failed for
