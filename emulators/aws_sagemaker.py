@@ -882,7 +882,9 @@ class SageMakerEmulator:
             root = host.root / local.lstrip("/")
             if not root.is_dir():
                 continue
-            files = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: (p.name == "LATEST", str(p)))
+            # os.walk: the job adds and prunes checkpoint folders while this looks (errors are skipped)
+            found = [Path(folder, name) for folder, _, names in os.walk(root) for name in names]
+            files = sorted(found, key=lambda p: (p.name == "LATEST", str(p)))
             for path in files:
                 try:
                     stat = path.stat()

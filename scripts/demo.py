@@ -9,6 +9,10 @@ the key moments as they happen, and ends with a summary per stage read from the 
 server mode, ``emulators/aws_batch.py``) that this script starts and stops: its job containers
 run as local processes, and the first spot training job's host is "reclaimed" 4 s after it starts,
 so the job ends ``Host EC2 (instance i-...) terminated.`` and is resubmitted to the on-demand queue.
+``--backend sagemaker`` runs every stage as a SageMaker training job against a local SageMaker
+emulator (``emulators/aws_sagemaker.py``): training runs on 2 instances on managed spot, the spot
+instances are reclaimed 3 s into training (SageMaker-style, an ``Interrupted`` transition), the task
+stops the job and the next attempt runs on-demand, resuming from the checkpoint synced to S3.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ STAGES = ("preprocess", "train", "evaluate", "batch_inference")
 
 # Lines of the Airflow log worth showing live (the rest goes to .demo/airflow.log).
 _SHOW = re.compile(
-    r"Submitted \w+ job|Reattaching|ended PREEMPTED|ended FAILED|SUCCEEDED after|resubmitting on|"
+    r"Submitted \w+ job|Reattaching|ended PREEMPTED|ended FAILED|ended CANCELLED|SUCCEEDED after|resubmitting on|"
+    r"restarted by the service|"
     r"\[job\].*(resumed from|starting from step|stop requested|final|accuracy|rows)",
     re.IGNORECASE,
 )
@@ -53,6 +58,14 @@ def _environment(backend: str, emulator: dict[str, Any] | None = None) -> dict[s
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if emulator is not None and backend == "sagemaker":
+        env.update(
+            {
+                "AIRFLOW__GPU_PROVIDER__SAGEMAKER_ROLE_ARN": emulator["role_arn"],
+                "AIRFLOW__GPU_PROVIDER__SAGEMAKER_OUTPUT_PATH": "s3://gpu-demo-models/models",
+                "GPU_PIPELINE_CHECKPOINT_ROOT": "s3://gpu-demo-checkpoints/gpu_pipeline",
+            }
+        )
     if emulator is not None:
         connection = {
             "conn_type": "aws",
@@ -64,8 +77,8 @@ def _environment(backend: str, emulator: dict[str, Any] | None = None) -> dict[s
                 "AWS_ACCESS_KEY_ID": "demo",
                 "AWS_SECRET_ACCESS_KEY": "demo",
                 "AWS_DEFAULT_REGION": emulator["region"],
-                "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": emulator["spot_queue"],
-                "AIRFLOW__GPU_PROVIDER__BATCH_ON_DEMAND_QUEUE": emulator["on_demand_queue"],
+                "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": emulator.get("spot_queue", ""),
+                "AIRFLOW__GPU_PROVIDER__BATCH_ON_DEMAND_QUEUE": emulator.get("on_demand_queue", ""),
                 "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "1",
                 "GPU_PIPELINE_IMAGE": "gpu-pipeline:demo",
             }
@@ -73,10 +86,39 @@ def _environment(backend: str, emulator: dict[str, Any] | None = None) -> dict[s
     return env
 
 
-class _Emulator:
-    """The AWS Batch emulator as a child process, for ``--backend batch``."""
+#: the emulator of each AWS backend: its module, its arguments, and what of its log the demo echoes
+_EMULATORS: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
+    "batch": (
+        "emulators.aws_batch",
+        ["--preempt-after", "4", "--preempt-queue", "gpu-spot", "--preempt-name-contains=-train-"],
+        (" preempted: ", "-> FAILED"),
+    ),
+    "sagemaker": (
+        "emulators.aws_sagemaker",
+        [
+            "--job-root",
+            str(DEMO / "sagemaker-jobs"),
+            "--bucket",
+            "gpu-demo-models",
+            "--bucket",
+            "gpu-demo-checkpoints",
+            "--step-seconds",
+            "0.5",
+            "--interrupt-after",
+            "3",
+            "--interrupt-name-contains=-train-",
+        ],
+        ("spot interruption", "ended Failed", "ended Stopped", "/Interrupted"),
+    ),
+}
 
-    def __init__(self) -> None:
+
+class _Emulator:
+    """The AWS Batch or SageMaker emulator as a child process, for ``--backend batch|sagemaker``."""
+
+    def __init__(self, backend: str) -> None:
+        module, args, self.shown = _EMULATORS[backend]
+        self.backend = backend
         ready = DEMO / "emulator.json"
         self.log_path = DEMO / "emulator.log"
         self.log = self.log_path.open("w")
@@ -84,7 +126,7 @@ class _Emulator:
             [
                 sys.executable,
                 "-m",
-                "emulators.aws_batch",
+                module,
                 "serve",
                 "--port",
                 "0",
@@ -92,11 +134,7 @@ class _Emulator:
                 str(REPO),
                 "--ready-file",
                 str(ready),
-                "--preempt-after",
-                "4",
-                "--preempt-queue",
-                "gpu-spot",
-                "--preempt-name-contains=-train-",
+                *args,
             ],
             cwd=REPO,
             stdout=self.log,
@@ -107,22 +145,23 @@ class _Emulator:
         while not ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the Batch emulator did not start; see {self.log_path}")
+                raise RuntimeError(f"the {backend} emulator did not start; see {self.log_path}")
             time.sleep(0.1)
         self.info: dict[str, Any] = json.loads(ready.read_text())
         self._tail = threading.Thread(target=self._show_batch_side, daemon=True)
         self._tail.start()
 
     def _show_batch_side(self) -> None:
-        """Echo what Batch itself saw of interruptions and failures, as they happen."""
+        """Echo what the service itself saw of interruptions and failures, as they happen."""
         with self.log_path.open() as log:
             while self.proc.poll() is None:
                 line = log.readline()
                 if not line:
                     time.sleep(0.2)
                     continue
-                if " preempted: " in line or "-> FAILED" in line:
-                    print("  [batch emulator] " + line.split(" __main__ ", 1)[-1].strip(), flush=True)
+                if any(marker in line for marker in self.shown):
+                    text = line.split(" __main__ ", 1)[-1].split("[emulators.", 1)[0].strip()
+                    print(f"  [{self.backend} emulator] " + re.sub(r"^\S+Z \[\w+\s*\] ", "", text), flush=True)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -213,6 +252,10 @@ def _summary(results: dict[str, Any]) -> bool:
         for a in result["attempts"]:
             reason = f" - {a['reason']}" if a.get("reason") else ""
             reason = (f" queue {a['queue']}" if a.get("queue") else "") + reason
+            if a.get("restarts"):
+                reason = f" - interrupted {a['restarts']}x inside the job (restarted by the service){reason}"
+            if a.get("billable_seconds") is not None:
+                reason = f"; billable {a['billable_seconds']:.0f}s on {a.get('instance_type')}" + reason
             start = f"resumed from {_step(a.get('resume_from'))}" if result.get("checkpoint_uri") else "no checkpoint"
             print(
                 f"    attempt {a['attempt']}: {a['capacity']:<9} {a['state']:<9} "
@@ -231,8 +274,8 @@ def main() -> int:
     if args.child:
         _child()
         return 0
-    if args.backend not in ("local", "batch"):
-        print(f"make demo BACKEND={args.backend}: the demo runs on 'local' or 'batch'.", file=sys.stderr)
+    if args.backend not in ("local", "batch", "sagemaker"):
+        print(f"make demo BACKEND={args.backend}: the demo runs on 'local', 'batch' or 'sagemaker'.", file=sys.stderr)
         return 2
     shutil.rmtree(DEMO, ignore_errors=True)
     DEMO.mkdir(parents=True)
@@ -242,9 +285,17 @@ def main() -> int:
         print("airflow-provider-gpu demo: gpu_ml_pipeline on AWS Batch (a local emulator: moto server, jobs run here)")
         print("  preprocess -> train (1 node, spot queue with on-demand fallback; the spot host is reclaimed 4 s in)")
         print("  -> inference (spot queue)")
-        emulator = _Emulator()
+        emulator = _Emulator("batch")
         print(f"  Batch emulator at {emulator.info['endpoint_url']}: queues {emulator.info['spot_queue']} (spot), ")
         print(f"  {emulator.info['on_demand_queue']} (on-demand); its log: {emulator.log_path.relative_to(REPO)}")
+    elif args.backend == "sagemaker":
+        print("airflow-provider-gpu demo: gpu_ml_pipeline on SageMaker (a local emulator: hosts run here, S3 on moto)")
+        print("  preprocess -> train (2 instances, managed spot with on-demand fallback; the spot instances are")
+        print("  reclaimed 3 s into training) -> inference; evaluation of each checkpoint from S3 while it trains")
+        emulator = _Emulator("sagemaker")
+        print(
+            f"  SageMaker emulator at {emulator.info['endpoint_url']}; its log: {emulator.log_path.relative_to(REPO)}"
+        )
     else:
         print("airflow-provider-gpu demo: gpu_ml_pipeline on the local backend")
         print("  preprocess -> train (2 nodes, spot with on-demand fallback, one simulated interruption) -> inference")
