@@ -26,9 +26,15 @@ OPTIONS = {"role_arn": ROLE, "output_path": "s3://models/out"}
 
 
 def _request(
-    *, nodes: int = 1, gpus: float = 1, gpu_type: str | None = None, capacity: str = names.SPOT, **kwargs: Any
+    *,
+    nodes: int = 1,
+    gpus: float = 1,
+    gpu_type: str | None = None,
+    capacity: str = names.SPOT,
+    run_id: str = "manual__2026-01-05T00:00:00+00:00",
+    **kwargs: Any,
 ) -> JobRequest:
-    identity = JobIdentity(TaskKey("train_dag", "train", "manual__2026-01-05T00:00:00+00:00"), 1, 1, capacity, "ml")
+    identity = JobIdentity(TaskKey("train_dag", "train", run_id), 1, 1, capacity, "ml")
     return JobRequest(
         identity=identity,
         command=("python", "-m", "trainer", "--epochs", "3"),
@@ -175,7 +181,7 @@ def test_restarts_and_the_spot_wait_are_read_from_the_transitions() -> None:
 def test_a_lost_create_answer_adopts_the_job_it_created(sagemaker: SageMakerWorld) -> None:
     sagemaker.emulator.lose_response("CreateTrainingJob", how="disconnect")
     backend = SageMakerBackend(**sagemaker.options)
-    request = _request(capacity=names.ON_DEMAND, checkpoint_uri=f"s3://{CHECKPOINT_BUCKET}/adopt")
+    request = _request(capacity=names.ON_DEMAND, checkpoint_uri=f"s3://{CHECKPOINT_BUCKET}/adopt", run_id="adopt")
     request = request.__class__(**{**request.__dict__, "command": (sys.executable, "-c", "print('once')")})
     handle = backend.submit(request)
     creates = sagemaker.emulator.requests("CreateTrainingJob")
@@ -188,14 +194,14 @@ def test_a_lost_create_answer_adopts_the_job_it_created(sagemaker: SageMakerWorl
 def test_list_owned_reports_the_active_jobs_this_provider_tagged(sagemaker: SageMakerWorld) -> None:
     sagemaker.emulator.hold("on-demand")
     backend = SageMakerBackend(**sagemaker.options)
-    ours = backend.submit(_request(capacity=names.ON_DEMAND, nodes=2, gpus=4))
+    ours = backend.submit(_request(capacity=names.ON_DEMAND, nodes=2, gpus=4, run_id="owned"))
     client = sagemaker.emulator.client("sagemaker")
     foreign = dict(backend.create_body(_request(capacity=names.ON_DEMAND)), TrainingJobName="gp-not-ours", Tags=[])
     client.create_training_job(**foreign)
     owned = {o.handle.job_id: o for o in backend.list_owned()}
     assert ours.job_id in owned and "gp-not-ours" not in owned, owned
     job = owned[ours.job_id]
-    assert job.task == TaskKey("train_dag", "train", "manual__2026-01-05T00:00:00+00:00")
+    assert job.task == TaskKey("train_dag", "train", "owned")
     assert (job.state, job.try_number, job.team, job.nodes, job.gpus) == (JobState.QUEUED, 1, "ml", 2, 4.0)
     assert (job.instance_type, job.max_runtime_s) == ("ml.g5.12xlarge", 28 * 24 * 3600)
     backend.cancel(ours, "reaped")
@@ -256,7 +262,7 @@ def test_a_sagemaker_task_is_validated_at_parse_time_without_importing_boto3() -
         "import sys, json\n"
         "from gpu_provider import GpuResources\n"
         "from gpu_provider.operators import GpuJobOperator\n"
-        "backend = {'name': 'sagemaker', 'role_arn': 'arn:aws:iam::123456789012:role/r', 'output_path': 's3://b/o'}\n"
+        "backend = {'name': 'sagemaker', 'role_arn': 'arn:aws:iam::123456789012:role/r', 'output_path': 's3://bkt/o'}\n"
         "GpuJobOperator(task_id='t', command=['true'], image='img', capacity='spot_fallback', backend=backend,\n"
         "               resources=GpuResources(gpus=8, nodes=2, gpu_type='h100'))\n"
         "try:\n"
