@@ -170,7 +170,8 @@ class AttemptRunner:
             self.on_status(status)
             outcome = watch.read(status)
             if outcome is not None:
-                if status.state is JobState.SUCCEEDED and not status.output_uri and watch.output_uri:
+                declared_wins = not status.output_uri or self.backend.service_output
+                if status.state is JobState.SUCCEEDED and watch.output_uri and declared_wins:
                     status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
                 return status, outcome
             self.stop.wait(poll_interval)
@@ -234,10 +235,10 @@ class AttemptRunner:
     # --- the end of a try ------------------------------------------------------------------------
     def succeed(self, record: AttemptRecord, checkpoint_uri: str | None) -> dict[str, Any]:
         """Collect a succeeded attempt: its declared output (read from its log if not seen yet), the result."""
-        if not record.output_uri:
+        if not record.output_uri or self.backend.service_output:
             reader = LogForwarder(self.backend, record.handle, self.log, copy=False)
             reader.pump(drain=True)
-            record.output_uri = reader.output_uri
+            record.output_uri = reader.output_uri or record.output_uri
         self.settle_earlier(record)
         self.collect(record)
         result = self.engine.result(record, checkpoint_uri)

@@ -200,6 +200,8 @@ class SageMakerBackend(Backend):
     stream_logs_when_deferred: ClassVar[bool] = False
     #: SageMaker ships a container's last lines to CloudWatch a few seconds after the job ended
     log_settle_s: ClassVar[float] = 6.0
+    #: a succeeded job's output is its model artifacts, unless the job declared its own
+    service_output: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -688,7 +690,7 @@ class SageMakerBackend(Backend):
         elif state.active and secondary in mapping._REQUEUE:
             reason = last_message
         restarts = mapping.restarts(job)
-        if restarts and state.active and secondary == mapping.INTERRUPTED:
+        if restarts and state.active and (secondary == mapping.INTERRUPTED or mapping.queued_since(job) is not None):
             words = mapping.interruption_messages(job)[-1] or "spot capacity reclaimed"
             reason = f"managed spot interruption {restarts} (SageMaker restarts the job itself): {words}"
         started = mapping.seconds(job.get("TrainingStartTime"))
