@@ -358,6 +358,20 @@ class SageMakerEmulator:
             job.stop_kind, job.fail_reason = "fail", reason
         job.wake.set()
 
+    def backdate(self, name: str, seconds: float) -> None:
+        """Move a job's clock ``seconds`` back: it was created, and started training, that much earlier
+        (a long job seen without waiting it out)."""
+        job = self._job(name)
+        with self._lock:
+            job.created -= seconds
+            if job.training_start is not None:
+                job.training_start -= seconds
+            job.training_seconds += seconds if job.training_start is not None else 0.0
+            for transition in job.transitions:
+                for key in ("StartTime", "EndTime"):
+                    if key in transition:
+                        transition[key] -= seconds
+
     def forget(self, name: str) -> None:
         with self._lock:
             self._jobs.pop(name, None)

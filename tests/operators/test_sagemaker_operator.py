@@ -275,3 +275,28 @@ def test_killing_a_deferred_task_stops_its_training_job(sagemaker: SageMakerWorl
     status = backend.poll([handle])[handle.job_id]
     assert not isinstance(status, Exception)
     assert status.reason == "Airflow task sm_deferred.train of run manual__1 was killed while deferred", status
+
+
+def test_a_training_job_running_longer_than_30_minutes_is_not_given_up(sagemaker: SageMakerWorld) -> None:
+    """A deferred wait has no timer beyond the job's own limits (the amazon operator's gives up after 30 min)."""
+    backend = SageMakerBackend(**sagemaker.options)
+    identity = JobIdentity(TaskKey("sm_long", "train", "manual__1"), try_number=1, attempt=1, capacity="spot")
+    command = (sys.executable, "-c", "import time; time.sleep(4)")
+    handle = backend.submit(JobRequest(identity, command, {}, GpuResources(), "spot", image="x", capacity_wait_s=600))
+    wait_for(lambda: sagemaker.describe(handle.job_id)["SecondaryStatus"] == "Training", 30, "training to start")
+    sagemaker.emulator.backdate(handle.job_id, 45 * 60)  # by its own clock, it has trained for 45 minutes
+    long_ago = handle.to_dict() | {"submitted_at": handle.submitted_at - 45 * 60}
+    trigger = GpuJobTrigger(
+        backend=backend.spec(), handle=long_ago, poll_interval=0.3, spot_wait_timeout=600, stream_logs=False
+    )
+
+    async def first_event() -> dict[str, object]:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("the trigger ended without an event")
+
+    event = asyncio.run(asyncio.wait_for(first_event(), 60))
+    assert event["status"] == "succeeded", event
+    status = event["job_status"]
+    assert isinstance(status, dict) and status["started_at"] < handle.submitted_at - 40 * 60, status
+    assert status["billable_seconds"] >= 45 * 60 * 0.3 - 1, status  # spot: 30% of the training time billed
