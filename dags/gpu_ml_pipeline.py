@@ -26,9 +26,14 @@ data root come from the deployment, read when the file is parsed:
   of an absolute folder; every stage reads and writes under it, and training prunes old
   checkpoints only under it.
 * ``GPU_PIPELINE_IMAGE``: the container image of the stages on container backends.
+* ``GPU_PIPELINE_CHECKPOINT_ROOT`` (default: under the data root): an ``s3://bucket/prefix`` URI for
+  the training checkpoints, which SageMaker needs (it syncs checkpoints with S3 only); the other
+  backends and the evaluation branch read and write them there too.
 
 ``make demo`` runs it on the local backend with one simulated interruption during training;
 ``make demo BACKEND=batch`` on AWS Batch (an emulator), with one spot job reclaimed during training;
+``make demo BACKEND=sagemaker`` on SageMaker (an emulator): 2-node training on managed spot, one
+interruption, and the resume on on-demand from the checkpoint.
 ``make demo BACKEND=kubernetes`` on Kubernetes (an emulated API server and Karpenter), training as a
 2-node indexed job on spot with one node reclaimed. Inference and evaluation share a GPU where the
 backend can: on Kubernetes that needs ``[gpu_provider] kubernetes_fractional_gpu_resource``.
@@ -73,20 +78,31 @@ def _data_root() -> str:
     return root.rstrip("/")
 
 
+def _checkpoint_root() -> str:
+    """``GPU_PIPELINE_CHECKPOINT_ROOT``: an ``s3://bucket/prefix`` for the checkpoints, or ``""`` (the data root)."""
+    root = os.environ.get("GPU_PIPELINE_CHECKPOINT_ROOT", "").strip().rstrip("/")
+    if (root and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[A-Za-z0-9_.-]+)*", root)) or ".." in root:
+        raise ValueError(
+            "GPU_PIPELINE_CHECKPOINT_ROOT must be an s3://bucket/prefix URI (letters, digits, '_', '.', '-' in the "
+            "prefix, no '..'), e.g. s3://ml-checkpoints/gpu_pipeline"
+        )
+    return root
+
+
 _BACKEND = os.environ.get("GPU_PIPELINE_BACKEND", "local")
 _CAPS = backend_class(_BACKEND).capabilities  # what the backend can run: read, not assumed per name
-_BACKENDS = ["local", "batch", "kubernetes"]  # the backends this example is shaped for
+_BACKENDS = ["local", "batch", "sagemaker", "kubernetes"]  # the backends this example is shaped for
 _IMAGE = os.environ.get("GPU_PIPELINE_IMAGE", "")
 _DATA_ROOT = _data_root()
 # The interpreter of the jobs per backend, fixed here: the worker's own on the local backend (it has
 # this package), the image's `python` on container backends. A form param selects a key, never a value.
-_PYTHON = {"local": sys.executable, "batch": "python", "kubernetes": "python"}
+_PYTHON = {"local": sys.executable, "batch": "python", "sagemaker": "python", "kubernetes": "python"}
 
 WEEK = _DATA_ROOT + "/{{ data_interval_start | ds }}"
 # run ids are chosen by whoever triggers a run and hold ':' and '+': the provider's path_segment filter
 # (gpu_provider.templates) makes one storage-safe folder name of them
 RUN = WEEK + "/runs/{{ run_id | path_segment }}"
-CHECKPOINTS = RUN + "/checkpoints"
+CHECKPOINTS = (_checkpoint_root() + RUN[len(_DATA_ROOT) :] if _checkpoint_root() else RUN) + "/checkpoints"
 MODEL = RUN + "/model"
 
 

@@ -286,6 +286,81 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "3600",
                         "default": "3600",
                     },
+                    "sagemaker_role_arn": {
+                        "description": "IAM role SageMaker assumes for each training job (RoleArn): pull the image,"
+                        " read"
+                        " and write the output and checkpoint S3 locations, write logs. Required by the "
+                        "sagemaker backend.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "arn:aws:iam::123456789012:role/gpu-sagemaker-job",
+                        "default": "",
+                    },
+                    "sagemaker_output_path": {
+                        "description": "S3 prefix where SageMaker writes each training job's model artifacts "
+                        "(OutputDataConfig.S3OutputPath). Required by the sagemaker backend.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "s3://ml-artifacts/models",
+                        "default": "",
+                    },
+                    "sagemaker_aws_conn_id": {
+                        "description": "Airflow AWS connection the sagemaker backend uses (credentials, region, "
+                        "endpoint).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "aws_default",
+                        "default": "aws_default",
+                    },
+                    "sagemaker_region": {
+                        "description": "AWS region of the training jobs. Empty: the connection's region.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "us-east-1",
+                        "default": "",
+                    },
+                    "sagemaker_subnets": {
+                        "description": "VPC subnets of the training jobs (VpcConfig), comma-separated or a JSON list. "
+                        "Empty: no VPC. Needs sagemaker_security_group_ids too.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "subnet-0abc,subnet-0def",
+                        "default": "",
+                    },
+                    "sagemaker_security_group_ids": {
+                        "description": "Security groups of the training jobs (VpcConfig), comma-separated or a JSON "
+                        "list.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "sg-0abc",
+                        "default": "",
+                    },
+                    "sagemaker_volume_size_gb": {
+                        "description": "Storage volume per training instance, in GB (ResourceConfig.VolumeSizeInGB).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "200",
+                        "default": "100",
+                    },
+                    "sagemaker_instance_type": {
+                        "description": "Training instance of jobs that name neither gpu_type nor instance_types. "
+                        "Empty: "
+                        "the instance table's a10g row for the job's GPUs per node (ml.g5.xlarge for 1 "
+                        "GPU).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "ml.g5.2xlarge",
+                        "default": "",
+                    },
+                    "sagemaker_kms_key_id": {
+                        "description": "KMS key for the model artifacts and the instances' storage volumes "
+                        "(OutputDataConfig.KmsKeyId, ResourceConfig.VolumeKmsKeyId). Empty: AWS-managed "
+                        "keys.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+                        "default": "",
+                    },
                 },
             }
         },

@@ -41,6 +41,9 @@ EVENT_CAPACITY_TIMEOUT = "capacity_timeout"
 EVENT_QUEUE_TIMEOUT = "queue_timeout"
 EVENT_DEADLINE = "deadline"
 EVENT_POLL_ERROR = "poll_error"
+EVENT_RESTART_LIMIT = "restart_limit"
+"""The service restarted the attempt inside the job (managed spot) as often as the capacity policy
+tolerates on its capacity: the task stops it and the policy's next attempt runs (e.g. on-demand)."""
 EVENT_STATUSES = frozenset(
     {
         EVENT_SUCCEEDED,
@@ -51,6 +54,7 @@ EVENT_STATUSES = frozenset(
         EVENT_QUEUE_TIMEOUT,
         EVENT_DEADLINE,
         EVENT_POLL_ERROR,
+        EVENT_RESTART_LIMIT,
     }
 )
 
@@ -76,3 +80,6 @@ CANCEL_PREFIX = "gpu-provider: "
 """Every cancel reason this provider sends starts with this."""
 CAPACITY_TIMEOUT_MARK = "capacity timeout: "
 """After :data:`CANCEL_PREFIX`: the cancel gave up waiting for capacity (an interruption, not a kill)."""
+RESTART_LIMIT_MARK = "restart limit: "
+"""After :data:`CANCEL_PREFIX`: the task stopped an attempt the service had restarted inside the job as
+often as the capacity policy tolerates (an interruption: the policy's next attempt runs)."""

@@ -9,6 +9,12 @@ the key moments as they happen, and ends with a summary per stage read from the 
 server mode, ``emulators/aws_batch.py``) that this script starts and stops: its job containers
 run as local processes, and the first spot training job's host is "reclaimed" 4 s after it starts,
 so the job ends ``Host EC2 (instance i-...) terminated.`` and is resubmitted to the on-demand queue.
+``--backend sagemaker`` runs every stage as a SageMaker training job against a local SageMaker
+emulator (``emulators/aws_sagemaker.py``): training runs on 2 instances on managed spot, the spot
+instances are reclaimed 3 s into training (SageMaker-style, an ``Interrupted`` transition), the task
+stops the job and the next attempt runs on-demand, resuming from the checkpoint synced to S3.
+"""
+
 ``--backend kubernetes`` runs every stage as a pod against a local fake Kubernetes API server
 (``emulators/kubernetes.py``, whose nodes stand in for Karpenter's): training is a 2-node indexed
 job on spot, one of its nodes is reclaimed 4 s after it starts (``DisruptionTarget``), and the next
@@ -36,7 +42,8 @@ STAGES = ("preprocess", "train", "evaluate", "batch_inference")
 
 # Lines of the Airflow log worth showing live (the rest goes to .demo/airflow.log).
 _SHOW = re.compile(
-    r"Submitted \w+ job|Reattaching|ended PREEMPTED|ended FAILED|SUCCEEDED after|resubmitting on|"
+    r"Submitted \w+ job|Reattaching|ended PREEMPTED|ended FAILED|ended CANCELLED|SUCCEEDED after|resubmitting on|"
+    r"restarted by the service|"
     r"\[job\].*(resumed from|starting from step|stop requested|final|accuracy|rows)",
     re.IGNORECASE,
 )
@@ -96,10 +103,18 @@ def _aws_environment(env: dict[str, str], emulator: dict[str, Any] | None) -> di
                 "AWS_ACCESS_KEY_ID": "demo",
                 "AWS_SECRET_ACCESS_KEY": "demo",
                 "AWS_DEFAULT_REGION": emulator["region"],
-                "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": emulator["spot_queue"],
-                "AIRFLOW__GPU_PROVIDER__BATCH_ON_DEMAND_QUEUE": emulator["on_demand_queue"],
+                "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": emulator.get("spot_queue", ""),
+                "AIRFLOW__GPU_PROVIDER__BATCH_ON_DEMAND_QUEUE": emulator.get("on_demand_queue", ""),
                 "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "1",
                 "GPU_PIPELINE_IMAGE": "gpu-pipeline:demo",
+            }
+        )
+    if emulator is not None and env["GPU_DEMO_BACKEND"] == "sagemaker":
+        env.update(
+            {
+                "AIRFLOW__GPU_PROVIDER__SAGEMAKER_ROLE_ARN": emulator["role_arn"],
+                "AIRFLOW__GPU_PROVIDER__SAGEMAKER_OUTPUT_PATH": "s3://gpu-demo-models/models",
+                "GPU_PIPELINE_CHECKPOINT_ROOT": "s3://gpu-demo-checkpoints/gpu_pipeline",
             }
         )
     return env
@@ -139,7 +154,9 @@ class _ChildEmulator:
                     time.sleep(0.2)
                     continue
                 if any(marker in line for marker in self._show):
-                    print(f"  [{self._label.lower()} emulator] " + line.split(self._logger, 1)[-1].strip(), flush=True)
+                    text = line.split(self._logger, 1)[-1].split("[emulators.", 1)[0].strip()
+                    text = re.sub(r"^\S+Z \[\w+\s*\] ", "", text)
+                    print(f"  [{self._label.lower()} emulator] {text}", flush=True)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -157,6 +174,15 @@ def _batch_emulator() -> _ChildEmulator:
     argv = ["emulators.aws_batch", "serve", "--port", "0", "--job-cwd", str(REPO), "--preempt-after", "4"]
     argv += ["--preempt-queue", "gpu-spot", "--preempt-name-contains=-train-"]
     return _ChildEmulator("emulator", argv, label="Batch", show=(" preempted: ", "-> FAILED"), logger=" __main__ ")
+
+
+def _sagemaker_emulator() -> _ChildEmulator:
+    """The SageMaker emulator, for ``--backend sagemaker``: the spot training instances are reclaimed 3 s in."""
+    argv = ["emulators.aws_sagemaker", "serve", "--port", "0", "--job-cwd", str(REPO)]
+    argv += ["--job-root", str(DEMO / "sagemaker-jobs"), "--bucket", "gpu-demo-models", "--bucket", "gpu-demo-checkpoints"]
+    argv += ["--step-seconds", "0.5", "--interrupt-after", "3", "--interrupt-name-contains=-train-"]
+    show = ("spot interruption", "ended Failed", "ended Stopped", "/Interrupted")
+    return _ChildEmulator("emulator", argv, label="SageMaker", show=show, logger=" __main__ ")
 
 
 def _kubernetes_emulator() -> _ChildEmulator:
@@ -246,6 +272,10 @@ def _summary(results: dict[str, Any]) -> bool:
         for a in result["attempts"]:
             reason = f" - {a['reason']}" if a.get("reason") else ""
             reason = (f" queue {a['queue']}" if a.get("queue") else "") + reason
+            if a.get("restarts"):
+                reason = f" - interrupted {a['restarts']}x inside the job (restarted by the service){reason}"
+            if a.get("billable_seconds") is not None:
+                reason = f"; billable {a['billable_seconds']:.0f}s on {a.get('instance_type')}" + reason
             start = f"resumed from {_step(a.get('resume_from'))}" if result.get("checkpoint_uri") else "no checkpoint"
             print(
                 f"    attempt {a['attempt']}: {a['capacity']:<9} {a['state']:<9} "
@@ -267,8 +297,11 @@ def main() -> int:
     if args.child:
         _child()
         return 0
-    if args.backend not in ("local", "batch", "kubernetes"):
-        print(f"make demo BACKEND={args.backend}: the demo runs on 'local', 'batch' or 'kubernetes'.", file=sys.stderr)
+    if args.backend not in ("local", "batch", "sagemaker", "kubernetes"):
+        print(
+            f"make demo BACKEND={args.backend}: the demo runs on 'local', 'batch', 'sagemaker' or 'kubernetes'.",
+            file=sys.stderr,
+        )
         return 2
     if args.cluster and (args.backend != "kubernetes" or not os.environ.get("KUBECONFIG")):
         print("--cluster runs the kubernetes demo against the cluster of $KUBECONFIG: set both.", file=sys.stderr)
@@ -285,6 +318,14 @@ def main() -> int:
         emulator = _batch_emulator()
         print(f"  Batch emulator at {emulator.info['endpoint_url']}: queues {emulator.info['spot_queue']} (spot), ")
         print(f"  {emulator.info['on_demand_queue']} (on-demand); its log: {emulator.log_path.relative_to(REPO)}")
+    elif args.backend == "sagemaker":
+        print("airflow-provider-gpu demo: gpu_ml_pipeline on SageMaker (a local emulator: hosts run here, S3 on moto)")
+        print("  preprocess -> train (2 instances, managed spot with on-demand fallback; the spot instances are")
+        print("  reclaimed 3 s into training) -> inference; evaluation of each checkpoint from S3 while it trains")
+        emulator = _sagemaker_emulator()
+        print(
+            f"  SageMaker emulator at {emulator.info['endpoint_url']}; its log: {emulator.log_path.relative_to(REPO)}"
+        )
     elif args.backend == "kubernetes" and args.cluster:
         print(
             "airflow-provider-gpu demo: gpu_ml_pipeline on the Kubernetes cluster of "

@@ -24,6 +24,7 @@ pytest_plugins = (
     "tests.batch_world",
     "tests.ec2_world",
     "tests.kubernetes_world",
+    "tests.sagemaker_world",
     "tests.parallel",
 )
 

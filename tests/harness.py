@@ -30,6 +30,7 @@ from gpu_provider import Checkpoint, GpuResources, OnDemand, Spot, SpotFallback
 from gpu_provider.operators import GpuJobOperator
 from gpu_provider.backends.local import LocalBackend
 from gpu_provider.backends.batch import BatchBackend
+from gpu_provider.backends.sagemaker import SageMakerBackend
 
 with DAG(dag_id={dag_id!r}, schedule=None, catchup=False) as dag:
 {body}

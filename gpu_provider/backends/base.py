@@ -367,6 +367,10 @@ class Backend(ABC):
     #: seconds a job's last log lines may arrive after its end is reported (a log service's delay);
     #: the worker keeps reading the log that long, until a read brings nothing new
     log_settle_s: ClassVar[float] = 0.0
+    #: whether ``JobStatus.output_uri`` may be the service's own output (SageMaker's model artifacts)
+    #: rather than the one the job declared: a job's declaration (``declare_output``) then wins, so
+    #: the worker reads the log for one before collecting a succeeded attempt
+    service_output: ClassVar[bool] = False
 
     @abstractmethod
     def options(self) -> dict[str, Any]:
@@ -552,6 +556,7 @@ _REGISTRY: dict[str, str] = {
     "local": "gpu_provider.backends.local.LocalBackend",
     "batch": "gpu_provider.backends.batch.BatchBackend",
     "kubernetes": "gpu_provider.backends.kubernetes.KubernetesBackend",
+    "sagemaker": "gpu_provider.backends.sagemaker.SageMakerBackend",
 }
 
 

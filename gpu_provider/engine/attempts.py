@@ -13,7 +13,9 @@ The rules, in one place:
 - an attempt whose outcome a try already collected (it returned the result, or failed on it) is
   history: clearing a finished task runs the job again;
 - an interruption (spot reclaim, capacity timeout, a job the service forgot) is absorbed by the
-  policy until its budget is spent; a job's own failure goes to Airflow's retries; a deliberate
+  policy until its budget is spent; a restart the service made inside an attempt (SageMaker managed
+  spot) counts as a spot reclaim too, and once the policy would move on (``restart_limit``) the
+  attempt is stopped and the policy's next attempt runs; a job's own failure goes to Airflow's retries; a deliberate
   stop (cancelled, budget spent) is final, Airflow does not retry it;
 - only the try that owns an attempt may cancel it or submit its successor.
 """
@@ -31,7 +33,7 @@ from gpu_provider.exceptions import (
     GpuJobFailedError,
     GpuJobInterruptionBudgetError,
 )
-from gpu_provider.names import CAPACITY_TIMEOUT, LOST
+from gpu_provider.names import CAPACITY_TIMEOUT, LOST, PREEMPTED
 from gpu_provider.records import AttemptRecord
 from gpu_provider.recovery import CapacityPolicy, Interruption
 
@@ -76,6 +78,19 @@ Step = Submit | Wait | Succeed | Fail
 BeforeSubmit = Callable[[Submit, Sequence[AttemptRecord]], None]
 #: ``on_status(record, status)``: sees every status sample the try takes (a cost meter)
 OnStatus = Callable[[AttemptRecord, JobStatus], None]
+
+
+def interruptions_of(records: Sequence[AttemptRecord]) -> list[Interruption]:
+    """The interruptions of these attempts, oldest first: each restart the service made inside an attempt
+    (a spot reclaim it absorbed), then the interruption that ended the attempt, unless that was the stop
+    of an attempt restarted too often (:meth:`AttemptEngine.restart_limit`), which its restarts count already."""
+    out = []
+    for r in records:
+        out += [Interruption(attempt=r.attempt, capacity=r.capacity, kind=PREEMPTED)] * r.restarts
+        stopped_for_restarts = r.restarts > 0 and r.state is JobState.CANCELLED and r.interruption == PREEMPTED
+        if r.interruption and not stopped_for_restarts:
+            out.append(Interruption(attempt=r.attempt, capacity=r.capacity, kind=r.interruption))
+    return out
 
 
 def describe(backend_name: str, record: AttemptRecord) -> str:
@@ -131,11 +146,19 @@ class AttemptEngine:
         return self.records[last_collected + 1 :]
 
     def interruptions(self) -> list[Interruption]:
-        return [
-            Interruption(attempt=r.attempt, capacity=r.capacity, kind=r.interruption)
-            for r in self.current
-            if r.interruption
-        ]
+        return interruptions_of(self.current)
+
+    def restart_limit(self, record: AttemptRecord) -> int | None:
+        """How many restarts inside ``record``'s attempt the policy tolerates before its next attempt
+        should run instead: the first count at which the policy would choose another capacity, or at
+        which the interruption budget is spent. Each restart is a spot reclaim the service absorbed."""
+        prior = [i for i in self.interruptions() if i.attempt != record.attempt]
+        budget = self.policy.max_interruptions
+        for restarts in range(1, budget + 2):
+            seen = prior + [Interruption(attempt=record.attempt, capacity=record.capacity, kind=PREEMPTED)] * restarts
+            if len(seen) > budget or self.policy.capacity_after(seen) != record.capacity:
+                return restarts
+        return None
 
     def record_for(self, job_id: str) -> AttemptRecord | None:
         return next((r for r in self.records if r.job_id == job_id), None)
@@ -268,7 +291,7 @@ class AttemptEngine:
             "state": record.state.value,
             "capacity": record.capacity,
             "attempts": [r.public() for r in run],
-            "interruptions": sum(1 for r in run if r.interruption) + sum(r.restarts for r in run),
+            "interruptions": len(interruptions_of(run)),
             "gpu_seconds": round(sum(r.gpu_seconds for r in run), 3),
             "checkpoint_uri": checkpoint_uri,
             "output_uri": record.output_uri,

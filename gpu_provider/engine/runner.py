@@ -17,7 +17,7 @@ from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Wait, describe
 from gpu_provider.engine.logs import LogForwarder
-from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, AttemptWatch
+from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, RESTART_LIMIT, AttemptWatch
 from gpu_provider.exceptions import (
     GpuJobCancelledError,
     GpuJobDeadlineError,
@@ -128,6 +128,10 @@ class AttemptRunner:
     def queue_timeout(self, record: AttemptRecord) -> float | None:
         return self.queue_timeout_s if self.capacity_wait(record) is None else None
 
+    def restart_limit(self, record: AttemptRecord) -> int | None:
+        """Restarts inside the attempt after which it is stopped (only where the service restarts jobs)."""
+        return self.engine.restart_limit(record) if self.backend.capabilities.restarts_inside_job else None
+
     # --- at the start of a try -------------------------------------------------------------------
     def cancel_duplicates(self, stored: set[str]) -> None:
         """Two live attempts of one task instance (a re-sent submit, a zombie try): keep one, cancel the rest."""
@@ -158,6 +162,7 @@ class AttemptRunner:
             capacity_wait=self.capacity_wait(record),
             queue_timeout=self.queue_timeout(record),
             log=self.log,
+            restart_limit=self.restart_limit(record),
         )
         while not self.stop.is_set():
             try:
@@ -175,7 +180,8 @@ class AttemptRunner:
             self.on_status(status)
             outcome = watch.read(status)
             if outcome is not None:
-                if status.state is JobState.SUCCEEDED and not status.output_uri and watch.output_uri:
+                declared_wins = not status.output_uri or self.backend.service_output
+                if status.state is JobState.SUCCEEDED and watch.output_uri and declared_wins:
                     status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
                 return status, outcome
             self.stop.wait(poll_interval)
@@ -205,6 +211,20 @@ class AttemptRunner:
                 return Wait(record)
             engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
             record.interruption = names.CAPACITY_TIMEOUT
+        elif outcome == RESTART_LIMIT:
+            reason = (
+                f"{names.RESTART_LIMIT_MARK}the service restarted the job {status.restarts} time(s) inside this "
+                f"attempt after spot interruptions ({status.reason or 'no reason given'}); the capacity policy runs "
+                f"its next attempt instead; stopped by {self.label}"
+            )
+            if not self.cancel(record, reason):
+                self.stop.wait(self.cancel_retry_s)
+                return Wait(record)
+            stopped = JobStatus.from_dict(
+                {**status.to_dict(), "state": JobState.CANCELLED.value, "reason": reason, "ended_at": time.time()}
+            )
+            engine.saw(record, stopped)
+            record.interruption = names.PREEMPTED
         elif outcome in (QUEUE_TIMEOUT, DEADLINE):
             what = (
                 f"still queued after queue_timeout={self.queue_timeout_s or 0:.0f}s"
@@ -241,10 +261,11 @@ class AttemptRunner:
 
     def succeed(self, record: AttemptRecord, checkpoint_uri: str | None) -> dict[str, Any]:
         """Collect a succeeded attempt: its declared output (read from its log if not seen yet), the result."""
-        if not record.output_uri:
+        if not record.output_uri or self.backend.service_output:
             reader = LogForwarder(self.backend, record.handle, self.log, copy=False)
             reader.pump(drain=True)
-            record.output_uri = reader.output_uri
+            record.output_uri = reader.output_uri or record.output_uri
+        self.settle_earlier(record)
         self.collect(record)
         result = self.engine.result(record, checkpoint_uri)
         self.log.info(
@@ -254,6 +275,26 @@ class AttemptRunner:
             result["gpu_seconds"],
         )
         return result
+
+    def settle_earlier(self, record: AttemptRecord) -> None:
+        """Read once more the earlier attempts of this run whose end this try caused but did not see
+        (one stopped after restarts inside the job): the service reports their billable time only
+        once they have stopped. One status call; a failure leaves the records as they are."""
+        pending = [
+            r for r in self.engine.current if r is not record and r.state.terminal and r.billable_seconds is None
+        ]
+        if not pending or not self.backend.capabilities.restarts_inside_job:
+            return
+        try:
+            statuses = self.backend.poll([r.handle for r in pending])
+        except Exception as err:
+            self.log.info("Could not read the final figures of earlier attempts: %s", err)
+            return
+        for r in pending:
+            status = statuses.get(r.job_id)
+            if isinstance(status, JobStatus) and status.state.terminal:
+                r.billable_seconds = status.billable_seconds
+                r.gpu_seconds = round(max(r.gpu_seconds, status.gpu_seconds), 3)
 
     def collect(self, record: AttemptRecord | None) -> None:
         """The task instance's run of the job ended with ``record`` (it succeeded, or the try failed for

@@ -15,7 +15,7 @@ from typing import Any
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobElsewhereError
-from gpu_provider.names import CAPACITY_TIMEOUT, EVENT_DEADLINE, EVENT_QUEUE_TIMEOUT
+from gpu_provider.names import CAPACITY_TIMEOUT, EVENT_DEADLINE, EVENT_QUEUE_TIMEOUT, EVENT_RESTART_LIMIT
 
 #: failed status reads in a row before the wait gives up (the job may still run; a retry reattaches)
 MAX_POLL_ERRORS = 20
@@ -24,8 +24,17 @@ MAX_POLL_ERRORS = 20
 ENDED = "ended"
 QUEUE_TIMEOUT = EVENT_QUEUE_TIMEOUT
 DEADLINE = EVENT_DEADLINE
+RESTART_LIMIT = EVENT_RESTART_LIMIT
 
-__all__ = ["CAPACITY_TIMEOUT", "DEADLINE", "ENDED", "MAX_POLL_ERRORS", "QUEUE_TIMEOUT", "AttemptWatch"]
+__all__ = [
+    "CAPACITY_TIMEOUT",
+    "DEADLINE",
+    "ENDED",
+    "MAX_POLL_ERRORS",
+    "QUEUE_TIMEOUT",
+    "RESTART_LIMIT",
+    "AttemptWatch",
+]
 
 
 class AttemptWatch:
@@ -36,6 +45,8 @@ class AttemptWatch:
     :param queue_timeout: seconds an attempt that is not covered by ``capacity_wait`` may stay
         queued (``QUEUE_TIMEOUT``: fails the try); ``None``: wait forever
     :param deadline: Unix time at which the task's ``execution_timeout`` ends (``DEADLINE``)
+    :param restart_limit: restarts inside the job (``JobStatus.restarts``) after which the attempt is
+        given up (``RESTART_LIMIT``: the capacity policy wants its next attempt); ``None``: never
     :param log: where the job's log lines and the warnings go (the task's or the trigger's logger)
     :param stream_logs: copy the job's new log lines into ``log`` with every status read
     """
@@ -50,6 +61,7 @@ class AttemptWatch:
         queue_timeout: float | None = None,
         deadline: float | None = None,
         stream_logs: bool = True,
+        restart_limit: int | None = None,
     ) -> None:
         self.backend = backend
         self.handle = handle
@@ -58,6 +70,8 @@ class AttemptWatch:
         self.deadline = deadline
         self.log = log
         self.stream_logs = stream_logs
+        self.restart_limit = restart_limit
+        self._restarts_seen = 0
         self.errors = 0
         self.logs = LogForwarder(backend, handle, log)
         self._queued_since: float | None = None
@@ -98,7 +112,8 @@ class AttemptWatch:
     def read(self, status: JobStatus) -> str | None:
         """Take one status sample (does I/O: reads the job's new log lines).
 
-        :return: ``ENDED``, ``CAPACITY_TIMEOUT``, ``QUEUE_TIMEOUT``, ``DEADLINE`` or ``None`` to keep waiting
+        :return: ``ENDED``, ``CAPACITY_TIMEOUT``, ``QUEUE_TIMEOUT``, ``DEADLINE``, ``RESTART_LIMIT`` or
+            ``None`` to keep waiting
         """
         self.errors = 0
         if self.stream_logs:
@@ -109,6 +124,17 @@ class AttemptWatch:
             return ENDED
         if self.past_deadline():
             return DEADLINE
+        if status.restarts > self._restarts_seen:
+            self._restarts_seen = status.restarts
+            self.log.warning(
+                "%s job %s was interrupted and restarted by the service (restart %d inside the attempt): %s",
+                self.backend.name,
+                self.handle.job_id,
+                status.restarts,
+                status.reason or "no reason given",
+            )
+        if self.restart_limit is not None and status.restarts >= self.restart_limit:
+            return RESTART_LIMIT
         if status.state is not JobState.QUEUED:
             self._queued_since, self._queue_reason, self._left_queue = None, "", True
             return None

@@ -39,7 +39,7 @@ from typing import Any
 
 from gpu_provider.examples._common import as_uri, np, uri_to_path, write_json
 from gpu_provider.examples.train import load_split, loss_and_grad
-from gpu_provider.runtime import checkpoint_step, declare_output, latest_checkpoint
+from gpu_provider.runtime import checkpoint_step, declare_output, latest_checkpoint, restore_checkpoint
 
 #: the file the train stage writes last into its --out folder: training has ended once it exists
 TRAINING_DONE = "metrics.json"
@@ -61,6 +61,19 @@ def published(checkpoints: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def published_on_s3(uri: str) -> list[tuple[int, Path]]:
+    """On ``s3://`` (training on SageMaker): the checkpoint ``LATEST`` names, downloaded; only the newest
+    is evaluated at each look (a checkpoint pruned meanwhile is skipped, as on file://)."""
+    newest = latest_checkpoint(uri)
+    step = checkpoint_step(newest.rsplit("/", 1)[-1]) if newest else None
+    if newest is None or step is None:
+        return []
+    try:
+        return [(step, restore_checkpoint(newest))]
+    except FileNotFoundError:
+        return []
+
+
 def evaluate(folder: Path, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
     """Test accuracy and mean log loss of the parameters saved in one checkpoint folder."""
     with np.load(folder / "state.npz") as state:
@@ -72,7 +85,8 @@ def evaluate(folder: Path, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=(__doc__ or "").split("\n\n")[0],
-        epilog="--checkpoints, --data, --model and --out accept file:// URIs or plain paths (s3:// is not supported "
+        epilog="--checkpoints, --data, --model and --out accept file:// URIs or plain paths (--checkpoints also s3://, "
+        "where the newest checkpoint is evaluated at each look; s3:// is not supported otherwise "
         f"by this example). Exit codes: 0 training ended and every checkpoint seen was evaluated, "
         f"{EXIT_TRAINING_NOT_DONE} training did not end within --max-wait.",
     )
@@ -89,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_step < 0 or not 0 < args.poll_interval <= 3600 or args.max_wait <= 0:
         parser.error("--from-step must be >= 0, --poll-interval in (0, 3600], --max-wait > 0")
 
-    checkpoints, model, out = uri_to_path(args.checkpoints), uri_to_path(args.model), uri_to_path(args.out)
+    on_s3 = args.checkpoints.startswith("s3://")
+    checkpoints = Path(args.checkpoints) if on_s3 else uri_to_path(args.checkpoints)
+    model, out = uri_to_path(args.model), uri_to_path(args.out)
     x, y = load_split(uri_to_path(args.data), "test")
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
@@ -104,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         # read before looking at the checkpoints: every checkpoint training wrote before it ended is then seen below
         finished = (model / TRAINING_DONE).exists()
-        for step, folder in published(checkpoints):
+        for step, folder in published_on_s3(args.checkpoints) if on_s3 else published(checkpoints):
             if step <= last:
                 continue
             try:

@@ -31,7 +31,7 @@ from gpu_provider.backends.base import (
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, poll_one, recover
-from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT
+from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, RESTART_LIMIT
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
 from gpu_provider.job import is_templated, to_bool, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
@@ -289,6 +289,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             names.EVENT_CAPACITY_TIMEOUT: CAPACITY_TIMEOUT,
             names.EVENT_QUEUE_TIMEOUT: QUEUE_TIMEOUT,
             names.EVENT_DEADLINE: DEADLINE,
+            names.EVENT_RESTART_LIMIT: RESTART_LIMIT,
         }.get(event["status"], ENDED)
         if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
             LogForwarder(plan.backend, handle, self.log).settle()
@@ -358,6 +359,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 deadline=deadline,
                 stream_logs=plan.backend.stream_logs_when_deferred,
                 task_label=self._task_label(),
+                restart_limit=runner.restart_limit(record),
             ),
             method_name="execute_complete",
             kwargs={"records": dump_records(runner.engine.records), "deadline": deadline},

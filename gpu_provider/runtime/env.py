@@ -8,7 +8,10 @@ from what the service itself provides:
   ``AWS_BATCH_JOB_NODE_INDEX``, master from ``AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS``, which
   Batch leaves out on the main node itself, where the master is ``127.0.0.1``.
 - SageMaker training (``SM_HOSTS``, a JSON list, and ``SM_CURRENT_HOST``): nodes = number of hosts,
-  rank = index of the current host in the sorted hosts, master = the first sorted host.
+  rank = index of the current host in the sorted hosts, master = the first sorted host. Without
+  them (images not built on SageMaker's training toolkit), the same from SageMaker's
+  ``resourceconfig.json`` (``hosts``, ``current_host``) in ``$SM_INPUT_CONFIG_DIR``, else
+  ``/opt/ml/input/config``, where that file exists.
 - Kubernetes indexed Job (``JOB_COMPLETION_INDEX``): the rank only; ``NNODES`` and ``MASTER_ADDR``
   must come from our variables (the backend sets them to the Job's size and headless Service).
 
@@ -45,6 +48,8 @@ BATCH_MAIN_NODE_INDEX = "AWS_BATCH_JOB_MAIN_NODE_INDEX"
 BATCH_MAIN_NODE_ADDRESS = "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"
 SAGEMAKER_HOSTS = "SM_HOSTS"
 SAGEMAKER_CURRENT_HOST = "SM_CURRENT_HOST"
+SAGEMAKER_CONFIG_DIR = "SM_INPUT_CONFIG_DIR"
+DEFAULT_SAGEMAKER_CONFIG_DIR = "/opt/ml/input/config"
 K8S_COMPLETION_INDEX = "JOB_COMPLETION_INDEX"
 
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -133,6 +138,9 @@ def _service_rendezvous(environ: Mapping[str, str]) -> dict[str, _Sourced]:
     hosts = _get(environ, SAGEMAKER_HOSTS)
     if hosts is not None:
         return _sagemaker_rendezvous(environ, hosts)
+    from_config = _sagemaker_resource_config(environ)
+    if from_config is not None:
+        return from_config
     index = _get(environ, K8S_COMPLETION_INDEX)
     if index is not None:
         return {ENV_NODE_RANK: index}
@@ -159,6 +167,24 @@ def _batch_rendezvous(environ: Mapping[str, str], num_nodes: _Sourced) -> dict[s
             )
         found[ENV_MASTER_ADDR] = _Sourced(DEFAULT_MASTER_ADDR, BATCH_MAIN_NODE_ADDRESS)
     return found
+
+
+def _sagemaker_resource_config(environ: Mapping[str, str]) -> dict[str, _Sourced] | None:
+    """The rendezvous from SageMaker's ``resourceconfig.json``, ``None`` where there is no such file."""
+    folder = _get(environ, SAGEMAKER_CONFIG_DIR)
+    path = os.path.join(folder.value if folder else DEFAULT_SAGEMAKER_CONFIG_DIR, "resourceconfig.json")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not readable JSON: {exc}") from exc
+    hosts, current = (config.get("hosts"), config.get("current_host")) if isinstance(config, dict) else (None, None)
+    if not isinstance(current, str):
+        raise ValueError(f"{path} has no current_host (a host name): {config!r}")
+    pseudo = {SAGEMAKER_CURRENT_HOST: current}
+    return _sagemaker_rendezvous(pseudo, _Sourced(json.dumps(hosts), path))
 
 
 def _sagemaker_rendezvous(environ: Mapping[str, str], hosts_item: _Sourced) -> dict[str, _Sourced]:

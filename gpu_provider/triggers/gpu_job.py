@@ -20,7 +20,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, resolve_backend
-from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, AttemptWatch
+from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, RESTART_LIMIT, AttemptWatch
 
 #: event statuses, one per way an attempt's wait can end
 EVENT_STATUS_BY_STATE = {
@@ -35,6 +35,7 @@ EVENT_STATUS_BY_OUTCOME = {
     CAPACITY_TIMEOUT: names.EVENT_CAPACITY_TIMEOUT,
     QUEUE_TIMEOUT: names.EVENT_QUEUE_TIMEOUT,
     DEADLINE: names.EVENT_DEADLINE,
+    RESTART_LIMIT: names.EVENT_RESTART_LIMIT,
 }
 
 
@@ -122,6 +123,8 @@ class GpuJobTrigger(BaseTrigger):
         ``deadline`` then, and the task cancels the job (Airflow does not time deferred tasks out).
     :param stream_logs: copy the job's new log lines into the task log on every tick.
     :param task_label: names the task and run in the reason given to the service when a kill cancels the job.
+    :param restart_limit: restarts inside the job (managed spot) after which the trigger fires
+        ``restart_limit`` so the task stops the attempt and the policy's next one runs (None: never).
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class GpuJobTrigger(BaseTrigger):
         deadline: float | None = None,
         stream_logs: bool = True,
         task_label: str | None = None,
+        restart_limit: int | None = None,
         **_newer: Any,
     ) -> None:
         # ``_newer``: arguments a newer provider version added; a triggerer one version behind still runs it
@@ -147,6 +151,7 @@ class GpuJobTrigger(BaseTrigger):
         self.deadline = None if deadline is None else float(deadline)
         self.stream_logs = stream_logs
         self.task_label = task_label
+        self.restart_limit = None if restart_limit is None else int(restart_limit)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -160,6 +165,7 @@ class GpuJobTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "stream_logs": self.stream_logs,
                 "task_label": self.task_label,
+                "restart_limit": self.restart_limit,
             },
         )
 
@@ -191,6 +197,7 @@ class GpuJobTrigger(BaseTrigger):
             deadline=self.deadline,
             log=self.log,
             stream_logs=self.stream_logs,
+            restart_limit=self.restart_limit,
         )
         try:
             while True:

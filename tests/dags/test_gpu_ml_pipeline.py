@@ -16,6 +16,7 @@ import pytest
 
 from tests.batch_world import BatchWorld
 from tests.harness import REPO, Harness
+from tests.sagemaker_world import CHECKPOINT_BUCKET, SageMakerWorld
 
 DAG_FILE = REPO / "dags" / "gpu_ml_pipeline.py"
 #: what the trigger form offers: backends (enums), epochs and pacing (bounded numbers), a checked list of seconds
@@ -157,6 +158,54 @@ def test_pipeline_runs_on_batch_with_a_reclaimed_spot_host(harness: Harness, bat
     _check_evaluation(run, train)
 
 
+def test_pipeline_runs_on_sagemaker_with_an_interrupted_spot_training(
+    harness: Harness, sagemaker: SageMakerWorld
+) -> None:
+    """`make demo BACKEND=sagemaker` as a test: every stage is a training job; 2-node spot training is
+    interrupted once, stopped, and resumed on-demand from the checkpoint SageMaker synced to S3."""
+    dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
+    shutil.copy(DAG_FILE, dag_file)
+    data_root = harness.tmp / "data"
+    sagemaker.emulator.interrupt_after(1.5, name_contains="-train-")
+    run = harness.run(
+        dag_file,
+        "gpu_ml_pipeline",
+        logical_date="2026-03-02T00:00:00+00:00",
+        conf={"epochs": 3, "step_delay": 0.04},
+        extra_env={
+            "GPU_PIPELINE_DATA_ROOT": data_root.as_uri(),
+            "GPU_PIPELINE_BACKEND": "sagemaker",
+            "GPU_PIPELINE_IMAGE": "gpu-pipeline:test",
+            "GPU_PIPELINE_CHECKPOINT_ROOT": f"s3://{CHECKPOINT_BUCKET}/pipeline",
+            "AIRFLOW__GPU_PROVIDER__SAGEMAKER_ROLE_ARN": sagemaker.options["role_arn"],
+            "AIRFLOW__GPU_PROVIDER__SAGEMAKER_OUTPUT_PATH": sagemaker.options["output_path"],
+            "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "0.5",
+        },
+        timeout=300,
+    )
+    assert run.result["state"].endswith("success"), run.log[-4000:]
+    prep, train, infer, evaluate = (run.task(t)["xcom"] for t in ("preprocess", "train", "batch_inference", "evaluate"))
+    assert {prep["backend"], train["backend"], infer["backend"], evaluate["backend"]} == {"sagemaker"}
+    assert prep["output_uri"] == f"file://{data_root}/2026-02-23/dataset", "the job's declaration wins"
+    assert [(a["capacity"], a["state"], a["interruption"], a["restarts"]) for a in train["attempts"]] == [
+        ("spot", "CANCELLED", "preempted", 1),
+        ("on-demand", "SUCCEEDED", None, 0),
+    ]
+    assert int(train["attempts"][1]["resume_from"].rsplit("ckpt-", 1)[1]) > 0
+    assert train["checkpoint_uri"].startswith(f"s3://{CHECKPOINT_BUCKET}/pipeline/2026-02-23/runs/")
+    creates = {b["TrainingJobName"]: b for b in sagemaker.bodies("CreateTrainingJob")}
+    training = [b for name, b in creates.items() if "-train-" in name]
+    assert [(b["ResourceConfig"]["InstanceCount"], b["EnableManagedSpotTraining"]) for b in training] == [
+        (2, True),
+        (2, False),
+    ]
+    assert {b["CheckpointConfig"]["S3Uri"] for b in training} == {train["checkpoint_uri"]}
+    assert {b["AlgorithmSpecification"]["TrainingImage"] for b in creates.values()} == {"gpu-pipeline:test"}
+    metrics = json.loads((Path(infer["output_uri"].removeprefix("file://")) / "metrics.json").read_text())
+    assert metrics["accuracy"] > 0.8
+    assert evaluate["output_uri"].startswith("file://")
+
+
 # ------------------------------------------------------------------------------------------ the trigger form
 
 
@@ -185,7 +234,12 @@ def test_the_form_offers_no_executable_image_or_path(airflow_home: Path, monkeyp
             "-m",
             f"gpu_provider.examples.{stage}",
         ]
-    assert dag.user_defined_macros["job_python"] == {"local": sys.executable, "batch": "python", "kubernetes": "python"}
+    assert dag.user_defined_macros["job_python"] == {
+        "local": sys.executable,
+        "batch": "python",
+        "sagemaker": "python",
+        "kubernetes": "python",
+    }
 
 
 @pytest.mark.parametrize(

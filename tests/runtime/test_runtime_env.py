@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,16 @@ def test_jobenv_validates_direct_construction() -> None:
         JobEnv(nnodes=2, node_rank=2)
     with pytest.raises(ValueError, match="capacity 'reserved' is not allowed"):
         JobEnv(capacity="reserved")
+
+
+def test_sagemaker_resourceconfig_json_gives_the_rendezvous_without_sm_variables(tmp_path: Path) -> None:
+    config = {"current_host": "algo-2", "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0"}
+    (tmp_path / "resourceconfig.json").write_text(json.dumps(config))
+    env = job_env({"SM_INPUT_CONFIG_DIR": str(tmp_path)})
+    assert (env.nnodes, env.node_rank, env.master_addr) == (2, 1, "algo-1")
+    # our own variables still win, one at a time
+    assert job_env({"SM_INPUT_CONFIG_DIR": str(tmp_path), "NODE_RANK": "0"}).node_rank == 0
+    (tmp_path / "resourceconfig.json").write_text(json.dumps({"hosts": ["algo-1"]}))
+    with pytest.raises(ValueError, match="has no current_host"):
+        job_env({"SM_INPUT_CONFIG_DIR": str(tmp_path)})
+    assert job_env({"SM_INPUT_CONFIG_DIR": str(tmp_path / "missing")}).nnodes == 1  # no file: a single node

@@ -61,11 +61,13 @@ class Clients:
 
     :param aws_conn_id: the Airflow AWS connection
     :param region_name: the region, ``None`` for the connection's
+    :param main_service: the client built to learn the connection's region (``batch``, ``sagemaker``)
     """
 
-    def __init__(self, aws_conn_id: str, region_name: str | None) -> None:
+    def __init__(self, aws_conn_id: str, region_name: str | None, *, main_service: str = "batch") -> None:
         self.aws_conn_id = aws_conn_id
         self.region_name = region_name
+        self.main_service = main_service
         self._build_lock = threading.Lock()
         self._clients: dict[str, BaseClient] = {}
         self._resolved_region: str | None = None
@@ -113,7 +115,7 @@ class Clients:
         if self.region_name:
             return self.region_name
         if self._resolved_region is None:
-            self.get("batch")
+            self.get(self.main_service)
         return self._resolved_region or "us-east-1"
 
 
@@ -145,8 +147,10 @@ def backoff(attempt: int) -> float:
     return random.uniform(0, min(MAX_DELAY_S, BASE_DELAY_S * 2**attempt))
 
 
-def call(what: str, fn: Callable[[], T], *, attempts: int = PATIENT_ATTEMPTS) -> T:
+def call(what: str, fn: Callable[[], T], *, attempts: int = PATIENT_ATTEMPTS, service: str = "AWS Batch") -> T:
     """Run one API call, backing off while the service throttles it, at most ``attempts`` tries.
+
+    :param service: the service's name in the error (the SageMaker backend shares this module)
 
     :raises GpuBackendThrottledError: still throttled after the last try
     """
@@ -158,7 +162,7 @@ def call(what: str, fn: Callable[[], T], *, attempts: int = PATIENT_ATTEMPTS) ->
                 raise
             if attempt == attempts:
                 raise GpuBackendThrottledError(
-                    f"AWS Batch throttled {what} {attempts} times in a row; will try again"
+                    f"{service} throttled {what} {attempts} times in a row; will try again"
                 ) from err
             delay = backoff(attempt)
             log.debug("%s throttled; retrying in %.2fs", what, delay)

@@ -2,8 +2,9 @@
 retries) reports the restart inside the same attempt, and the job resumes to its end.
 
 Only worlds whose backend declares ``capabilities.restarts_inside_job`` run the restart test: the
-test is defined for those worlds alone, so a backend without the capability skips nothing. Today
-neither the local nor the Batch backend declares it; the first is expected with SageMaker.
+test is defined for those worlds alone, so a backend without the capability skips nothing. The
+SageMaker backend declares it (managed spot restarts a reclaimed job inside the training job); the
+local and Batch backends do not.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from gpu_provider.job import GpuResources
 from tests.batch_world import BatchWorld
 from tests.harness import wait_for
 from tests.kubernetes_world import KubernetesWorld
+from tests.sagemaker_world import SageMakerWorld
 
 #: seconds between two status reads while a test waits (each read may be an HTTP call)
 POLL_S = 0.2
@@ -338,6 +339,49 @@ class KubernetesBackendWorld(BackendWorld):
         self.emulator.report_phase(self._pod(handle), unknown)
         return unknown
 
+
+class SageMakerBackendWorld(BackendWorld):
+    """SageMaker training jobs on the SageMaker emulator (hosts run as local processes).
+
+    Capacity is held in the emulator (jobs wait in Starting); a preemption is a managed-spot reclaim the
+    job does not come back from (Stopped/Interrupted), and :meth:`restart_inside` is the usual reclaim,
+    which SageMaker restarts inside the same training job.
+    """
+
+    name = "sagemaker"
+    held_reason = None
+
+    def __init__(self, sagemaker: SageMakerWorld) -> None:
+        self.sagemaker = sagemaker
+        self.emulator = sagemaker.emulator
+
+    @classmethod
+    def create(cls, request: pytest.FixtureRequest, tmp_path: Path) -> SageMakerBackendWorld:
+        return cls(request.getfixturevalue("sagemaker"))
+
+    def backend(self) -> Backend:
+        return self.backend_class().from_options(**self.sagemaker.options)
+
+    def preempt(self, handle: JobHandle) -> None:
+        self.emulator.interrupt(handle.job_id, restart=False)
+
+    def restart_inside(self, handle: JobHandle) -> None:
+        self.emulator.interrupt(handle.job_id)
+
+    def hold_capacity(self) -> None:
+        self.emulator.hold(names.SPOT)
+        self.emulator.hold(names.ON_DEMAND)
+
+    def release_capacity(self) -> None:
+        self.emulator.release()
+
+    def _forget(self, handle: JobHandle) -> None:
+        self.emulator.forget(handle.job_id)
+
+    def break_state(self, handle: JobHandle) -> str:
+        self.emulator.report_status(handle.job_id, "Archived", "Archived")  # the shape of a state SageMaker could add
+        return "Archived/Archived"
+
     def cleanup(self) -> None:
         self.release_capacity()
 
@@ -347,6 +391,7 @@ WORLDS: dict[str, type[BackendWorld]] = {
     "local": LocalBackendWorld,
     "batch": BatchBackendWorld,
     "kubernetes": KubernetesBackendWorld,
+    "sagemaker": SageMakerBackendWorld,
 }
 
 

@@ -1,0 +1,23 @@
+"""The SageMaker backend: each attempt is one SageMaker training job, managed spot for spot attempts.
+
+* :mod:`~gpu_provider.backends.sagemaker.backend`: :class:`SageMakerBackend` (options, requests, the contract);
+* :mod:`~gpu_provider.backends.sagemaker.mapping`: what SageMaker's states mean, the instance table.
+
+Clients, throttling backoff and CloudWatch log reading are shared with the Batch backend
+(:mod:`gpu_provider.backends.batch.calls`, :mod:`gpu_provider.backends.batch.logs`). Nothing here
+imports boto3 until a client is needed.
+"""
+
+from __future__ import annotations
+
+from gpu_provider.backends.sagemaker.backend import CHECKPOINT_LOCAL_PATH, LOG_GROUP, SageMakerBackend
+from gpu_provider.backends.sagemaker.mapping import INSTANCE_TABLE, STATE_TABLE, instance_type_for
+
+__all__ = [
+    "CHECKPOINT_LOCAL_PATH",
+    "INSTANCE_TABLE",
+    "LOG_GROUP",
+    "STATE_TABLE",
+    "SageMakerBackend",
+    "instance_type_for",
+]

@@ -1,0 +1,198 @@
+"""What SageMaker's answers mean, and which instance runs a job. Pure functions, no client.
+
+**States** (one table, :data:`STATE_TABLE`), keyed by ``TrainingJobStatus/SecondaryStatus``:
+
+==============================================================  ===========  ======================================
+DescribeTrainingJob                                             JobState     notes
+==============================================================  ===========  ======================================
+InProgress/Starting, Pending, LaunchingMLInstances              QUEUED       waiting for instances (the spot wait)
+InProgress/Interrupted, Restarting                              QUEUED       managed spot reclaimed the instances:
+                                                                             SageMaker restarts the job itself
+                                                                             (``JobStatus.restarts`` + 1)
+InProgress/PreparingTrainingStack, Downloading,                 STARTING
+DownloadingTrainingImage
+InProgress/Training, Uploading, Updating                        RUNNING
+Stopping/Stopping (any secondary)                               RUNNING      still billing until Stopped
+Completed/Completed                                             SUCCEEDED
+Failed/Failed                                                   FAILED       ``FailureReason`` and the exit code
+Stopped/Stopped                                                 CANCELLED    by this provider (its stop mark) or
+                                                                             by someone else (said so)
+Stopped/MaxRuntimeExceeded                                      FAILED       ran past ``max_runtime``
+Stopped/MaxWaitTimeExceeded, Failed/MaxWaitTimeExceeded         CANCELLED    ``interruption="capacity_timeout"``:
+                                                                             spot capacity never came in time
+Stopped/Interrupted, Failed/Interrupted                         PREEMPTED    ended by a reclaim it could not
+                                                                             restart from
+==============================================================  ===========  ======================================
+
+Any other pair is an error naming it (:func:`~gpu_provider.backends.base.map_state`).
+
+A restart inside the job is counted from ``SecondaryStatusTransitions``: every ``Interrupted``
+transition is one spot reclaim SageMaker absorbed (:func:`restarts`).
+
+**Instances** (:data:`INSTANCE_TABLE`): ``gpu_type`` x GPUs per node -> one training instance type.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from gpu_provider.backends.base import JobState
+
+_Q, _S, _R = JobState.QUEUED, JobState.STARTING, JobState.RUNNING
+
+#: ``TrainingJobStatus/SecondaryStatus`` -> JobState (see the module doc for what each means)
+STATE_TABLE: dict[str, JobState] = {
+    "InProgress/Starting": _Q,
+    "InProgress/Pending": _Q,
+    "InProgress/LaunchingMLInstances": _Q,
+    "InProgress/Interrupted": _Q,
+    "InProgress/Restarting": _Q,
+    "InProgress/PreparingTrainingStack": _S,
+    "InProgress/Downloading": _S,
+    "InProgress/DownloadingTrainingImage": _S,
+    "InProgress/Training": _R,
+    "InProgress/Uploading": _R,
+    "InProgress/Updating": _R,
+    "Stopping/Stopping": _R,
+    "Stopping/Training": _R,
+    "Stopping/Uploading": _R,
+    "Stopping/Starting": _R,
+    "Stopping/Downloading": _R,
+    "Stopping/Interrupted": _R,
+    "Completed/Completed": JobState.SUCCEEDED,
+    "Failed/Failed": JobState.FAILED,
+    "Stopped/Stopped": JobState.CANCELLED,
+    "Stopped/MaxRuntimeExceeded": JobState.FAILED,
+    "Stopped/MaxWaitTimeExceeded": JobState.CANCELLED,
+    "Failed/MaxWaitTimeExceeded": JobState.CANCELLED,
+    "Failed/MaxRuntimeExceeded": JobState.FAILED,
+    "Stopped/Interrupted": JobState.PREEMPTED,
+    "Failed/Interrupted": JobState.PREEMPTED,
+}
+
+#: the secondary status of a managed-spot reclaim that SageMaker restarts from (counted as a restart)
+INTERRUPTED = "Interrupted"
+MAX_WAIT_EXCEEDED = "MaxWaitTimeExceeded"
+MAX_RUNTIME_EXCEEDED = "MaxRuntimeExceeded"
+#: secondary statuses during which the attempt waits for capacity again after a restart
+_REQUEUE = frozenset({"Interrupted", "Restarting", "Starting", "Pending", "LaunchingMLInstances"})
+
+#: the training instance of each GPU model and GPU count per node (``instance_types=`` overrides)
+INSTANCE_TABLE: dict[str, dict[int, str]] = {
+    "t4": {1: "ml.g4dn.xlarge", 4: "ml.g4dn.12xlarge"},
+    "a10g": {1: "ml.g5.xlarge", 4: "ml.g5.12xlarge", 8: "ml.g5.48xlarge"},
+    "l4": {1: "ml.g6.xlarge", 4: "ml.g6.12xlarge", 8: "ml.g6.48xlarge"},
+    "l40s": {1: "ml.g6e.xlarge", 4: "ml.g6e.12xlarge", 8: "ml.g6e.48xlarge"},
+    "v100": {1: "ml.p3.2xlarge", 4: "ml.p3.8xlarge", 8: "ml.p3.16xlarge"},
+    "a100": {8: "ml.p4d.24xlarge"},
+    "a100-80gb": {8: "ml.p4de.24xlarge"},
+    "h100": {8: "ml.p5.48xlarge"},
+    "h200": {8: "ml.p5e.48xlarge"},
+    "b200": {8: "ml.p6-b200.48xlarge"},
+    "trn1": {1: "ml.trn1.2xlarge", 16: "ml.trn1.32xlarge"},
+}
+#: the GPU model of a job that names none (the most available training GPU)
+DEFAULT_GPU_TYPE = "a10g"
+
+
+def instance_type_for(gpu_type: str | None, gpus: int, *, default_gpu_type: str = DEFAULT_GPU_TYPE) -> str:
+    """The training instance of ``gpus`` GPUs of ``gpu_type`` per node; ``ValueError`` naming the nearest ones."""
+    model = gpu_type or default_gpu_type
+    row = INSTANCE_TABLE.get(model)
+    if row is None:
+        raise ValueError(
+            f"resources.gpu_type={model!r}: SageMaker has no training instance with that GPU; GPU types it "
+            f"trains on: {', '.join(INSTANCE_TABLE)} (or name the instance with resources.instance_types)"
+        )
+    if gpus in row:
+        return row[gpus]
+    nearest = sorted(row.items(), key=lambda item: (abs(item[0] - gpus), item[0]))
+    offers = ", ".join(f"{name} ({count} GPU{'s' if count > 1 else ''})" for count, name in nearest)
+    raise ValueError(
+        f"resources.gpus={gpus} with gpu_type={model!r}: no SageMaker training instance has {gpus} {model} "
+        f"GPU(s) per node; nearest: {offers}. Use one of those GPU counts per node (and more nodes), or name "
+        "the instance with resources.instance_types"
+    )
+
+
+def training_instance(name: str) -> str:
+    """An instance type name as SageMaker writes it (``g5.2xlarge`` -> ``ml.g5.2xlarge``)."""
+    return name if name.startswith("ml.") else f"ml.{name}"
+
+
+def state_key(job: Mapping[str, Any]) -> str:
+    return f"{job.get('TrainingJobStatus')}/{job.get('SecondaryStatus')}"
+
+
+def transitions(job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list(job.get("SecondaryStatusTransitions") or [])
+
+
+def restarts(job: Mapping[str, Any]) -> int:
+    """Spot reclaims SageMaker absorbed inside the job: its ``Interrupted`` transitions."""
+    return sum(1 for t in transitions(job) if t.get("Status") == INTERRUPTED)
+
+
+def interruption_messages(job: Mapping[str, Any]) -> list[str]:
+    """SageMaker's own words for each ``Interrupted`` transition (for the attempt record and the log)."""
+    return [str(t.get("StatusMessage") or "") for t in transitions(job) if t.get("Status") == INTERRUPTED]
+
+
+def queued_since(job: Mapping[str, Any]) -> float | None:
+    """When the job last went back to waiting for instances (a restart's ``Interrupted``), else ``None``."""
+    seen = transitions(job)
+    if not seen or not any(t.get("Status") == INTERRUPTED for t in seen):
+        return None
+    since: float | None = None
+    for t in reversed(seen):
+        if t.get("Status") not in _REQUEUE:
+            break
+        since = seconds(t.get("StartTime"))
+    return since
+
+
+_EXIT_CODE = re.compile(r"exit\s*code:?\s*(-?\d+)", re.IGNORECASE)
+
+
+def exit_code(reason: str) -> int | None:
+    """The container's exit code in a ``FailureReason`` (``AlgorithmError: ..., exit code: 1``)."""
+    match = _EXIT_CODE.search(reason)
+    return int(match.group(1)) if match else None
+
+
+def seconds(value: Any) -> float | None:
+    """A timestamp of botocore (datetime) or of JSON (epoch seconds) as Unix seconds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def hosts(count: int) -> list[str]:
+    """SageMaker's host names of a job of ``count`` instances (``algo-1`` ...)."""
+    return [f"algo-{i}" for i in range(1, count + 1)]
+
+
+def tag_map(tags: Sequence[Mapping[str, Any]] | None) -> dict[str, str]:
+    return {str(t.get("Key")): str(t.get("Value", "")) for t in tags or ()}
+
+
+def console_url(region: str, name: str) -> str:
+    return f"https://{region}.console.aws.amazon.com/sagemaker/home?region={region}#/jobs/{name}"
+
+
+def logs_console_url(region: str, name: str) -> str:
+    def enc(text: str) -> str:
+        return quote(quote(text, safe=""), safe="").replace("%", "$")
+
+    group = "/aws/sagemaker/TrainingJobs"
+    base = f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#logsV2:log-groups/log-group/"
+    return f"{base}{enc(group)}$3FlogStreamNameFilter$3D{enc(name + '/')}"
