@@ -318,6 +318,12 @@ class OwnedJob:
     """GPUs per node."""
     max_runtime_s: float | None = None
     """The run time limit submitted with the job, where the service records it."""
+    region: str | None = None
+    """The AWS region the job runs in (for its price); ``None`` for a backend outside AWS (local)."""
+
+    @property
+    def total_gpus(self) -> float:
+        return self.gpus * self.nodes
 
 
 @dataclass(frozen=True)
@@ -487,14 +493,18 @@ class Backend(ABC):
         ``LogChunk.more`` says the read stopped at the limit. Memory stays bounded whatever the job writes.
         """
 
+    @abstractmethod
     def list_owned(self) -> list[OwnedJob]:
         """Every active (non-terminal) job this provider started within this backend's scope, found
         by its tags/labels (Batch: the configured queues; local: the state directory; SageMaker:
         training jobs with the provider's tags; Kubernetes: pods and jobs in the namespace with its
         labels). The reaper stops those with no live task behind them; a backend must implement it
         so that nothing it starts can be forgotten.
+
+        A job whose state cannot be read is reported with its last known active state rather than
+        left out (the reaper decides from the owning task, not from the job). Only a failure of the
+        whole listing (the service unreachable) raises.
         """
-        raise NotImplementedError(f"the {self.name} backend does not list the jobs it owns")
 
     def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:  # noqa: B027
         """Record on the job itself which Airflow try owns it, or that its outcome was collected.
