@@ -41,6 +41,8 @@ EVENT_CAPACITY_TIMEOUT = "capacity_timeout"
 EVENT_QUEUE_TIMEOUT = "queue_timeout"
 EVENT_DEADLINE = "deadline"
 EVENT_POLL_ERROR = "poll_error"
+EVENT_BUDGET = "budget"
+"""The attempt's running cost crossed the task's ``max_cost_usd``: the task stops the job."""
 EVENT_STATUSES = frozenset(
     {
         EVENT_SUCCEEDED,
@@ -51,6 +53,7 @@ EVENT_STATUSES = frozenset(
         EVENT_QUEUE_TIMEOUT,
         EVENT_DEADLINE,
         EVENT_POLL_ERROR,
+        EVENT_BUDGET,
     }
 )
 

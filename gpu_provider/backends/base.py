@@ -372,6 +372,9 @@ class Backend(ABC):
     #: seconds a job's last log lines may arrive after its end is reported (a log service's delay);
     #: the worker keeps reading the log that long, until a read brings nothing new
     log_settle_s: ClassVar[float] = 0.0
+    #: how the service sells its instances, for prices (:mod:`gpu_provider.spend.prices`): ``"ec2"``,
+    #: ``"sagemaker"`` (``ml.`` instance types) or ``"local"`` (``[gpu_provider] local_gpu_hour_usd``)
+    price_catalog: ClassVar[str] = "ec2"
 
     @abstractmethod
     def options(self) -> dict[str, Any]:
@@ -505,6 +508,11 @@ class Backend(ABC):
         left out (the reaper decides from the owning task, not from the job). Only a failure of the
         whole listing (the service unreachable) raises.
         """
+
+    def price_region(self) -> str | None:
+        """The AWS region this backend's jobs run (and are priced) in; ``None``: not in AWS, or unknown.
+        May read the connection; not called at parse time."""
+        return None
 
     def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:  # noqa: B027
         """Record on the job itself which Airflow try owns it, or that its outcome was collected.

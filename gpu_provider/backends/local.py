@@ -191,6 +191,8 @@ class LocalBackend(Backend):
     fixed_options: ClassVar[frozenset[str]] = frozenset({"nvidia_smi", "state_dir", "run_as_user"})
     #: reading a few local files is cheap: look often
     default_poll_interval: ClassVar[float] = 2.0
+    #: the machine costs what [gpu_provider] local_gpu_hour_usd says (default 0)
+    price_catalog: ClassVar[str] = "local"
 
     def __init__(
         self,

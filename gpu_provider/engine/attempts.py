@@ -78,6 +78,12 @@ BeforeSubmit = Callable[[Submit, Sequence[AttemptRecord]], None]
 OnStatus = Callable[[AttemptRecord, JobStatus], None]
 
 
+def _run_cost(run: Sequence[AttemptRecord]) -> float | None:
+    """USD of a run's attempts (the sum of their estimates), ``None`` when none has a price."""
+    costs = [r.cost_usd for r in run if r.cost_usd is not None]
+    return round(sum(costs), 6) if costs else None
+
+
 def describe(backend_name: str, record: AttemptRecord) -> str:
     return f"{backend_name} job {record.name} (id {record.job_id}, attempt {record.attempt}, {record.capacity})"
 
@@ -262,6 +268,8 @@ class AttemptEngine:
             "attempts": [r.public() for r in run],
             "interruptions": sum(1 for r in run if r.interruption) + sum(r.restarts for r in run),
             "gpu_seconds": round(sum(r.gpu_seconds for r in run), 3),
+            "gpu_hours": round(sum(r.gpu_seconds for r in run) / 3600.0, 6),
+            "cost_usd": _run_cost(run),
             "checkpoint_uri": checkpoint_uri,
             "output_uri": record.output_uri,
         }

@@ -15,7 +15,7 @@ from typing import Any
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.exceptions import GpuBackendThrottledError
-from gpu_provider.names import CAPACITY_TIMEOUT, EVENT_DEADLINE, EVENT_QUEUE_TIMEOUT
+from gpu_provider.names import CAPACITY_TIMEOUT, EVENT_BUDGET, EVENT_DEADLINE, EVENT_QUEUE_TIMEOUT
 
 #: failed status reads in a row before the wait gives up (the job may still run; a retry reattaches)
 MAX_POLL_ERRORS = 20
@@ -24,8 +24,9 @@ MAX_POLL_ERRORS = 20
 ENDED = "ended"
 QUEUE_TIMEOUT = EVENT_QUEUE_TIMEOUT
 DEADLINE = EVENT_DEADLINE
+BUDGET = EVENT_BUDGET
 
-__all__ = ["CAPACITY_TIMEOUT", "DEADLINE", "ENDED", "MAX_POLL_ERRORS", "QUEUE_TIMEOUT", "AttemptWatch"]
+__all__ = ["BUDGET", "CAPACITY_TIMEOUT", "DEADLINE", "ENDED", "MAX_POLL_ERRORS", "QUEUE_TIMEOUT", "AttemptWatch"]
 
 
 class AttemptWatch:
@@ -38,6 +39,8 @@ class AttemptWatch:
     :param deadline: Unix time at which the task's ``execution_timeout`` ends (``DEADLINE``)
     :param log: where the job's log lines and the warnings go (the task's or the trigger's logger)
     :param stream_logs: copy the job's new log lines into ``log`` with every status read
+    :param cost_limit: the attempt's running budget (:meth:`gpu_provider.spend.budget.SpendControl.cost_limit`):
+        ``BUDGET`` once its GPU-seconds x ``usd_per_gpu_second`` reach ``remaining_usd``
     """
 
     def __init__(
@@ -50,8 +53,10 @@ class AttemptWatch:
         queue_timeout: float | None = None,
         deadline: float | None = None,
         stream_logs: bool = True,
+        cost_limit: dict[str, float] | None = None,
     ) -> None:
         self.backend = backend
+        self.cost_limit = cost_limit
         self.handle = handle
         self.capacity_wait = capacity_wait
         self.queue_timeout = queue_timeout
@@ -90,13 +95,20 @@ class AttemptWatch:
         self.log.warning("Polling %s job %s failed (%s); trying again.", self.backend.name, self.handle.job_id, err)
         return None
 
+    def over_budget(self, status: JobStatus) -> bool:
+        limit = self.cost_limit
+        if not limit:
+            return False
+        return status.gpu_seconds * float(limit["usd_per_gpu_second"]) >= float(limit["remaining_usd"])
+
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.time() >= self.deadline
 
     def read(self, status: JobStatus) -> str | None:
         """Take one status sample (does I/O: reads the job's new log lines).
 
-        :return: ``ENDED``, ``CAPACITY_TIMEOUT``, ``QUEUE_TIMEOUT``, ``DEADLINE`` or ``None`` to keep waiting
+        :return: ``ENDED``, ``CAPACITY_TIMEOUT``, ``QUEUE_TIMEOUT``, ``DEADLINE``, ``BUDGET`` or ``None``
+            to keep waiting
         """
         self.errors = 0
         if self.stream_logs:
@@ -107,6 +119,8 @@ class AttemptWatch:
             return ENDED
         if self.past_deadline():
             return DEADLINE
+        if self.over_budget(status):
+            return BUDGET
         if status.state is not JobState.QUEUED:
             self._queued_since, self._queue_reason, self._left_queue = None, "", True
             return None

@@ -20,7 +20,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, resolve_backend
-from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, AttemptWatch
+from gpu_provider.engine.watch import BUDGET, CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, AttemptWatch
 
 #: event statuses, one per way an attempt's wait can end
 EVENT_STATUS_BY_STATE = {
@@ -35,6 +35,7 @@ EVENT_STATUS_BY_OUTCOME = {
     CAPACITY_TIMEOUT: names.EVENT_CAPACITY_TIMEOUT,
     QUEUE_TIMEOUT: names.EVENT_QUEUE_TIMEOUT,
     DEADLINE: names.EVENT_DEADLINE,
+    BUDGET: names.EVENT_BUDGET,
 }
 
 
@@ -122,6 +123,8 @@ class GpuJobTrigger(BaseTrigger):
         ``deadline`` then, and the task cancels the job (Airflow does not time deferred tasks out).
     :param stream_logs: copy the job's new log lines into the task log on every tick.
     :param task_label: names the task and run in the reason given to the service when a kill cancels the job.
+    :param cost_limit: the attempt's running budget (``usd_per_gpu_second``, ``remaining_usd``, ...): the
+        trigger fires ``budget`` once the job's GPU-seconds cost that much, and the task stops the job.
     """
 
     def __init__(
@@ -135,6 +138,7 @@ class GpuJobTrigger(BaseTrigger):
         deadline: float | None = None,
         stream_logs: bool = True,
         task_label: str | None = None,
+        cost_limit: dict[str, float] | None = None,
         **_newer: Any,
     ) -> None:
         # ``_newer``: arguments a newer provider version added; a triggerer one version behind still runs it
@@ -147,6 +151,7 @@ class GpuJobTrigger(BaseTrigger):
         self.deadline = None if deadline is None else float(deadline)
         self.stream_logs = stream_logs
         self.task_label = task_label
+        self.cost_limit = dict(cost_limit) if cost_limit else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -160,6 +165,7 @@ class GpuJobTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "stream_logs": self.stream_logs,
                 "task_label": self.task_label,
+                "cost_limit": self.cost_limit,
             },
         )
 
@@ -191,6 +197,7 @@ class GpuJobTrigger(BaseTrigger):
             deadline=self.deadline,
             log=self.log,
             stream_logs=self.stream_logs,
+            cost_limit=self.cost_limit,
         )
         try:
             while True:

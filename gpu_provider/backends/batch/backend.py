@@ -805,6 +805,9 @@ class BatchBackend(Backend):
                 return task_from_tags(job.get("tags") or {})
         return None
 
+    def price_region(self) -> str | None:
+        return self.region
+
     def list_owned(self) -> list[OwnedJob]:
         """Every active job in the configured queues that carries this provider's task tags.
 
