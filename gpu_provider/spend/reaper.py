@@ -123,7 +123,8 @@ class AirflowApi:
         except urllib.error.HTTPError as err:
             if err.code == 404:
                 return None
-            raise AirflowApiError(f"Airflow API GET {path} answered HTTP {err.code}: {err.reason}") from err
+            detail = err.read(2000).decode(errors="replace").strip()
+            raise AirflowApiError(f"Airflow API GET {path} answered HTTP {err.code} {err.reason}: {detail}") from err
         except (OSError, ValueError) as err:
             raise AirflowApiError(f"Airflow API GET {path} failed: {err}") from err
 
