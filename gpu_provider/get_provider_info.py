@@ -181,8 +181,8 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "prices": {
                         "description": "Your own instance prices, USD per instance-hour, as JSON: a plain instance "
-                        "type, '<region>/<type>', 'spot/<type>' or '<region>/spot/<type>' (SageMaker types with their "
-                        "ml. prefix). They beat live and shipped prices. Empty: none.",
+                        "type, '<region>/<type>', 'spot/<type>' or '<region>/spot/<type>' (ml. instance types keep "
+                        "that prefix). They beat live and shipped prices. Empty: none.",
                         "version_added": "0.4.0",
                         "type": "string",
                         "example": '{"g5.xlarge": 0.9, "eu-west-1/ml.g5.xlarge": 1.6, "spot/g5.xlarge": 0.4}',
@@ -190,7 +190,7 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "spot_price_ratio": {
                         "description": "Spot price as a share of on-demand, used where no live spot price is read "
-                        "(and for SageMaker managed spot).",
+                        "(and for managed spot on ml. instances).",
                         "version_added": "0.4.0",
                         "type": "string",
                         "example": "0.35",
