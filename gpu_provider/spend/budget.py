@@ -142,7 +142,10 @@ class SpendControl:
         self.team_budgets = dict(team_budgets or {})
         self.ledger = ledger
         self.emit_metrics = emit_metrics
-        self._region = backend.price_region()
+        try:
+            self._region = backend.price_region()
+        except Exception:  # no region configured anywhere: priced in the default region, and said so
+            self._region = None
         self._warned: set[str] = set()
 
     @classmethod
