@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
+from emulators.aws_ec2 import PRICE_HISTORY, Ec2SpotEmulator
 from gpu_provider import names
 from gpu_provider.backends.base import backend_class, registered_backends
 from gpu_provider.job import GPU_TYPES, MAX_GPUS_PER_NODE, GpuResources
@@ -15,6 +17,7 @@ from gpu_provider.spend.prices import (
     CATALOGS,
     DEFAULT_SPOT_PRICE_RATIO,
     SHIPPED_REGIONS,
+    LivePrices,
     PriceBook,
     PriceNotFoundError,
     attempt_cost,
@@ -134,3 +137,26 @@ def test_price_list_answers_are_read_for_their_hourly_on_demand_price() -> None:
     assert on_demand_from_price_list([product, hosting], training=True) == pytest.approx(1.006)
     assert on_demand_from_price_list([]) is None
     assert not math.isnan(PriceBook().job_price(GpuResources(), names.ON_DEMAND, "us-east-1").usd_per_hour)
+
+
+def test_live_spot_prices_from_describe_spot_price_history_are_cached_and_a_missing_price_list_falls_back(
+    ec2_spot: Ec2SpotEmulator, tmp_path: Path
+) -> None:
+    ec2_spot.set_price("us-east-1", "us-east-1a", "g5.xlarge", 0.35)
+    ec2_spot.set_price("us-east-1", "us-east-1b", "g5.xlarge", 0.42)
+    live = LivePrices("aws_default", cache_file=tmp_path / "price-cache.json")
+    book = PriceBook(live=live)
+    spot = book.job_price(GpuResources(gpu_type="a10g"), names.SPOT, "us-east-1")
+    # the highest current price over the region's zones (the attempt may land in either)
+    assert (spot.usd_per_hour, spot.source) == (0.42, "EC2 DescribeSpotPriceHistory")
+    (request,) = ec2_spot.requests(PRICE_HISTORY)
+    assert request["region"] == "us-east-1"
+    assert request["body"]["InstanceType.1"] == "g5.xlarge" and request["body"]["ProductDescription.1"] == "Linux/UNIX"
+    # a second reader (another task) is answered from the cache file
+    again = PriceBook(live=LivePrices("aws_default", cache_file=tmp_path / "price-cache.json"))
+    assert again.job_price(GpuResources(gpu_type="a10g"), names.SPOT, "us-east-1").usd_per_hour == 0.42
+    assert len(ec2_spot.requests(PRICE_HISTORY)) == 1
+    # the emulator has no Price List API: on-demand falls back to the shipped table, said once
+    on_demand = book.job_price(GpuResources(gpu_type="a10g"), names.ON_DEMAND, "us-east-1")
+    assert on_demand.usd_per_hour == 1.006 and on_demand.source.startswith("shipped table")
+    assert json.loads((tmp_path / "price-cache.json").read_text())["spot|us-east-1|g5.xlarge"][0] == 0.42
