@@ -19,7 +19,8 @@ def get_provider_info() -> dict[str, Any]:
         "description": (
             "Run the GPU stages of ML pipelines (preprocessing, distributed training, inference) on AWS Batch "
             "or local processes, with team pools, priorities, spot capacity with on-demand fallback, "
-            "checkpoint-resume and reattach after worker crashes."
+            "checkpoint-resume, reattach after worker crashes, cost estimates and budgets, and a reaper that "
+            "stops jobs no live task is behind."
         ),
         "versions": [__version__],
         "integrations": [
