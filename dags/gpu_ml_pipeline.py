@@ -42,6 +42,7 @@ backend can: on Kubernetes that needs ``[gpu_provider] kubernetes_fractional_gpu
 from __future__ import annotations
 
 import os
+import re
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path

@@ -29,6 +29,11 @@ class GpuJobCancelledError(GpuJobStoppedError):
     """The job was cancelled on purpose: by a person, the reaper, another try that took it over, or a kill."""
 
 
+class GpuJobBudgetError(GpuJobStoppedError):
+    """The job would cost, or came to cost, more than its budget (``max_cost_usd=``, or the team's
+    monthly budget): not submitted, or stopped. Airflow does not retry it."""
+
+
 class GpuJobDeadlineError(GpuJobError):
     """The attempt outlived its task's ``execution_timeout`` or ``queue_timeout`` and was cancelled;
     Airflow's retries apply, as they do to ``execution_timeout``."""

@@ -18,9 +18,9 @@ def get_provider_info() -> dict[str, Any]:
         # only what this version has: the backends registered in gpu_provider.backends (tests check it)
         "description": (
             "Run the GPU stages of ML pipelines (preprocessing, distributed training, inference) on AWS Batch, "
-            "Karpenter-provisioned Kubernetes pods or local processes, with team pools, priorities, spot capacity "
-            "with on-demand fallback, "
-            "checkpoint-resume and reattach after worker crashes."
+            "SageMaker training jobs, Karpenter-provisioned Kubernetes pods or local processes, with team pools, "
+            "priorities, spot capacity with on-demand fallback, checkpoint-resume, reattach after worker crashes, "
+            "cost estimates and budgets, and a reaper that stops jobs no live task is behind."
         ),
         "versions": [__version__],
         "integrations": [
@@ -30,7 +30,12 @@ def get_provider_info() -> dict[str, Any]:
                 "tags": ["software"],
             }
         ],
-        "operators": [{"integration-name": "GPU jobs", "python-modules": ["gpu_provider.operators.gpu_job"]}],
+        "operators": [
+            {
+                "integration-name": "GPU jobs",
+                "python-modules": ["gpu_provider.operators.gpu_job", "gpu_provider.operators.reaper"],
+            }
+        ],
         "sensors": [
             {
                 "integration-name": "GPU jobs",
@@ -360,6 +365,99 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "string",
                         "example": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
                         "default": "",
+                    },
+                    "prices": {
+                        "description": "Your own instance prices, USD per instance-hour, as JSON: a plain instance "
+                        "type, '<region>/<type>', 'spot/<type>' or '<region>/spot/<type>' (ml. instance types keep "
+                        "that prefix). They beat live and shipped prices. Empty: none.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": '{"g5.xlarge": 0.9, "eu-west-1/ml.g5.xlarge": 1.6, "spot/g5.xlarge": 0.4}',
+                        "default": "",
+                    },
+                    "spot_price_ratio": {
+                        "description": "Spot price as a share of on-demand, used where no live spot price is read "
+                        "(and for managed spot on ml. instances).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "0.35",
+                        "default": "0.4",
+                    },
+                    "local_gpu_hour_usd": {
+                        "description": "What one GPU-hour on the local backend costs, in USD (for cost figures and "
+                        "budgets).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "1.2",
+                        "default": "0",
+                    },
+                    "price_instance_type": {
+                        "description": "The instance type a job is priced as when the service does not report one "
+                        "and the task names neither resources.instance_types nor resources.gpu_type (e.g. Batch, "
+                        "whose compute environment chooses).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "g6.xlarge",
+                        "default": "g5.xlarge",
+                    },
+                    "live_prices": {
+                        "description": "Read on-demand prices from the AWS Price List API (pricing:GetProducts) and "
+                        "spot prices from EC2 DescribeSpotPriceHistory, cached for a day under $AIRFLOW_HOME; on any "
+                        "error the shipped table is used.",
+                        "version_added": "0.4.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    },
+                    "price_aws_conn_id": {
+                        "description": "Airflow AWS connection for live prices.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "aws_default",
+                        "default": "aws_default",
+                    },
+                    "team_monthly_budget_usd": {
+                        "description": "Monthly budget per team, USD, as JSON. A task with team= whose team spent "
+                        "this calendar month (UTC; the estimated cost of the team's attempts that ended, kept in the "
+                        "Airflow Variable gpu_provider_spend_<YYYY-MM>) plus its next attempt's bounded worst case "
+                        "passes the budget submits nothing and fails. Empty: no team budgets.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": '{"vision": 5000, "nlp": 20000}',
+                        "default": "",
+                    },
+                    "reaper_backends": {
+                        "description": "The backends GpuReaperOperator sweeps, as a JSON list of names or "
+                        "backend mappings. Empty: every registered backend with its configured options.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": '["local", {"name": "batch", "region_name": "us-west-2"}]',
+                        "default": "",
+                    },
+                    "reaper_airflow_conn_id": {
+                        "description": "Airflow connection of Airflow's own REST API, which the reaper asks about "
+                        "each job's task instance (host with scheme and port; a user and password exchanged for a "
+                        'token, or extra {"token": ...}).',
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "airflow_api",
+                        "default": "airflow_api",
+                    },
+                    "reaper_dry_run": {
+                        "description": "The reaper only reports what it would stop. Set False once its reports look "
+                        "right.",
+                        "version_added": "0.4.0",
+                        "type": "boolean",
+                        "example": "False",
+                        "default": "True",
+                    },
+                    "reaper_grace_period": {
+                        "description": "Seconds after submission during which the reaper never stops a job (the "
+                        "task's state may not be visible yet).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "900",
+                        "default": "600",
                     },
                 },
             }

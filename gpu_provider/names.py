@@ -44,6 +44,8 @@ EVENT_POLL_ERROR = "poll_error"
 EVENT_RESTART_LIMIT = "restart_limit"
 """The service restarted the attempt inside the job (managed spot) as often as the capacity policy
 tolerates on its capacity: the task stops it and the policy's next attempt runs (e.g. on-demand)."""
+EVENT_BUDGET = "budget"
+"""The attempt's running cost crossed the task's ``max_cost_usd``: the task stops the job."""
 EVENT_STATUSES = frozenset(
     {
         EVENT_SUCCEEDED,
@@ -55,6 +57,7 @@ EVENT_STATUSES = frozenset(
         EVENT_DEADLINE,
         EVENT_POLL_ERROR,
         EVENT_RESTART_LIMIT,
+        EVENT_BUDGET,
     }
 )
 

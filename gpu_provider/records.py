@@ -53,6 +53,20 @@ class AttemptRecord:
     collected: bool = False
     """The task instance's run of the job ended with this attempt (a try returned its result, or failed
     on it with no Airflow retry to follow): a later try is a cleared task, and starts anew."""
+    nodes: int = 1
+    """Nodes (instances, processes) the attempt ran on."""
+    price: dict[str, Any] | None = None
+    """The price the attempt is charged at (:meth:`gpu_provider.spend.prices.Price.to_dict`)."""
+    cost_usd: float | None = None
+    """Estimated USD so far (:func:`gpu_provider.spend.prices.attempt_cost`); ``None``: no price known."""
+    queue_wait_s: float | None = None
+    """Seconds from submission to start (or to the end, for an attempt that never started)."""
+    reported: bool = False
+    """The attempt's cost line and metrics were emitted (once per attempt)."""
+
+    @property
+    def gpu_hours(self) -> float:
+        return round(self.gpu_seconds / 3600.0, 6)
 
     # --- identity, from the handle ---
     @property
@@ -106,7 +120,9 @@ class AttemptRecord:
         data["state"] = self.state.value
         data["handle"] = self.handle.to_dict()
         # derived, for readers of XCom and the UI (ignored when loading)
-        data.update(job_id=self.job_id, name=self.name, capacity=self.capacity, queue=self.queue)
+        data.update(
+            job_id=self.job_id, name=self.name, capacity=self.capacity, queue=self.queue, gpu_hours=self.gpu_hours
+        )
         return data
 
     def public(self) -> dict[str, Any]:

@@ -13,8 +13,6 @@ so the job ends ``Host EC2 (instance i-...) terminated.`` and is resubmitted to 
 emulator (``emulators/aws_sagemaker.py``): training runs on 2 instances on managed spot, the spot
 instances are reclaimed 3 s into training (SageMaker-style, an ``Interrupted`` transition), the task
 stops the job and the next attempt runs on-demand, resuming from the checkpoint synced to S3.
-"""
-
 ``--backend kubernetes`` runs every stage as a pod against a local fake Kubernetes API server
 (``emulators/kubernetes.py``, whose nodes stand in for Karpenter's): training is a 2-node indexed
 job on spot, one of its nodes is reclaimed 4 s after it starts (``DisruptionTarget``), and the next
@@ -179,7 +177,8 @@ def _batch_emulator() -> _ChildEmulator:
 def _sagemaker_emulator() -> _ChildEmulator:
     """The SageMaker emulator, for ``--backend sagemaker``: the spot training instances are reclaimed 3 s in."""
     argv = ["emulators.aws_sagemaker", "serve", "--port", "0", "--job-cwd", str(REPO)]
-    argv += ["--job-root", str(DEMO / "sagemaker-jobs"), "--bucket", "gpu-demo-models", "--bucket", "gpu-demo-checkpoints"]
+    argv += ["--job-root", str(DEMO / "sagemaker-jobs")]
+    argv += ["--bucket", "gpu-demo-models", "--bucket", "gpu-demo-checkpoints"]
     argv += ["--step-seconds", "0.5", "--interrupt-after", "3", "--interrupt-name-contains=-train-"]
     show = ("spot interruption", "ended Failed", "ended Stopped", "/Interrupted")
     return _ChildEmulator("emulator", argv, label="SageMaker", show=show, logger=" __main__ ")

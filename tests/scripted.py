@@ -17,6 +17,7 @@ from gpu_provider.backends.base import (
     JobState,
     JobStatus,
     LogChunk,
+    OwnedJob,
     PollResult,
     TaskKey,
     lookup_key,
@@ -64,6 +65,9 @@ class ScriptedBackend(Backend):
         ScriptedBackend.marks.append((handle.job_id, owner_try, collected))
 
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
+        return []
+
+    def list_owned(self) -> list[OwnedJob]:
         return []
 
     def lookup(self, *, job_id: str | None = None, name: str | None = None) -> JobHandle | None:

@@ -319,6 +319,12 @@ class OwnedJob:
     """GPUs per node."""
     max_runtime_s: float | None = None
     """The run time limit submitted with the job, where the service records it."""
+    region: str | None = None
+    """The AWS region the job runs in (for its price); ``None`` for a backend outside AWS (local)."""
+
+    @property
+    def total_gpus(self) -> float:
+        return self.gpus * self.nodes
 
 
 @dataclass(frozen=True)
@@ -371,6 +377,9 @@ class Backend(ABC):
     #: rather than the one the job declared: a job's declaration (``declare_output``) then wins, so
     #: the worker reads the log for one before collecting a succeeded attempt
     service_output: ClassVar[bool] = False
+    #: how the service sells its instances, for prices (:mod:`gpu_provider.spend.prices`): ``"ec2"``,
+    #: ``"sagemaker"`` (``ml.`` instance types) or ``"local"`` (``[gpu_provider] local_gpu_hour_usd``)
+    price_catalog: ClassVar[str] = "ec2"
 
     @abstractmethod
     def options(self) -> dict[str, Any]:
@@ -492,14 +501,23 @@ class Backend(ABC):
         ``LogChunk.more`` says the read stopped at the limit. Memory stays bounded whatever the job writes.
         """
 
+    @abstractmethod
     def list_owned(self) -> list[OwnedJob]:
         """Every active (non-terminal) job this provider started within this backend's scope, found
         by its tags/labels (Batch: the configured queues; local: the state directory; SageMaker:
         training jobs with the provider's tags; Kubernetes: pods and jobs in the namespace with its
         labels). The reaper stops those with no live task behind them; a backend must implement it
         so that nothing it starts can be forgotten.
+
+        A job whose state cannot be read is reported with its last known active state rather than
+        left out (the reaper decides from the owning task, not from the job). Only a failure of the
+        whole listing (the service unreachable) raises.
         """
-        raise NotImplementedError(f"the {self.name} backend does not list the jobs it owns")
+
+    def price_region(self) -> str | None:
+        """The AWS region this backend's jobs run (and are priced) in; ``None``: not in AWS, or unknown.
+        May read the connection; not called at parse time."""
+        return None
 
     def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:  # noqa: B027
         """Record on the job itself which Airflow try owns it, or that its outcome was collected.

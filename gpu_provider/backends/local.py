@@ -73,6 +73,7 @@ from gpu_provider.backends.base import (
     JobState,
     JobStatus,
     LogChunk,
+    OwnedJob,
     PollResult,
     TaskKey,
     clip_line,
@@ -209,6 +210,8 @@ class LocalBackend(Backend):
     fixed_options: ClassVar[frozenset[str]] = frozenset({"nvidia_smi", "state_dir", "run_as_user", "working_dir"})
     #: reading a few local files is cheap: look often
     default_poll_interval: ClassVar[float] = 2.0
+    #: the machine costs what [gpu_provider] local_gpu_hour_usd says (default 0)
+    price_catalog: ClassVar[str] = "local"
 
     def __init__(
         self,
@@ -854,6 +857,41 @@ class LocalBackend(Backend):
         requests = (common.read_json(job_dir / common.REQUEST_FILE) for job_dir in self._job_dirs())
         handles = [JobHandle.from_dict(req["handle"]) for req in requests if req is not None and "handle" in req]
         return sorted(handles, key=lambda h: (h.submitted_at, h.job_id))
+
+    def list_owned(self) -> list[OwnedJob]:
+        """Every job in the state directory that has not ended, with the task and try of its ``request.json``.
+
+        Reading a job's status also ends a job whose supervisor died (see :meth:`poll`); such a job
+        is not listed. A job whose state cannot be read is listed as ``RUNNING``: it may be running.
+        """
+        owned: list[OwnedJob] = []
+        for job_dir in self._job_dirs():
+            req = common.read_json(job_dir / common.REQUEST_FILE)
+            if req is None or "handle" not in req:
+                continue
+            handle = JobHandle.from_dict(req["handle"])
+            status = self.poll([handle])[handle.job_id]
+            if isinstance(status, JobStatus) and status.state.terminal:
+                continue
+            task = req.get("task")
+            identity = req.get("identity") or {}
+            resources = req.get("resources") or {}
+            owner = status.owner_try if isinstance(status, JobStatus) else None
+            try_number = owner if owner is not None else identity.get("try_number")
+            owned.append(
+                OwnedJob(
+                    handle=handle,
+                    task=TaskKey(**task) if isinstance(task, dict) else None,
+                    state=status.state if isinstance(status, JobStatus) else JobState.RUNNING,
+                    try_number=int(try_number) if try_number is not None else None,
+                    team=identity.get("team") or None,
+                    started_at=status.started_at if isinstance(status, JobStatus) else None,
+                    nodes=int(resources.get("nodes") or 1),
+                    gpus=float(resources.get("gpus") or 0.0),
+                    max_runtime_s=req.get("max_runtime_s"),
+                )
+            )
+        return sorted(owned, key=lambda o: (o.handle.submitted_at, o.handle.job_id))
 
     def prune(self, *, now: float | None = None) -> list[str]:
         """Delete the folders of jobs that ended more than ``retention_days`` ago; return their ids.

@@ -93,6 +93,12 @@ def interruptions_of(records: Sequence[AttemptRecord]) -> list[Interruption]:
     return out
 
 
+def _run_cost(run: Sequence[AttemptRecord]) -> float | None:
+    """USD of a run's attempts (the sum of their estimates), ``None`` when none has a price."""
+    costs = [r.cost_usd for r in run if r.cost_usd is not None]
+    return round(sum(costs), 6) if costs else None
+
+
 def describe(backend_name: str, record: AttemptRecord) -> str:
     return f"{backend_name} job {record.name} (id {record.job_id}, attempt {record.attempt}, {record.capacity})"
 
@@ -293,6 +299,8 @@ class AttemptEngine:
             "attempts": [r.public() for r in run],
             "interruptions": len(interruptions_of(run)),
             "gpu_seconds": round(sum(r.gpu_seconds for r in run), 3),
+            "gpu_hours": round(sum(r.gpu_seconds for r in run) / 3600.0, 6),
+            "cost_usd": _run_cost(run),
             "checkpoint_uri": checkpoint_uri,
             "output_uri": record.output_uri,
         }

@@ -17,8 +17,9 @@ from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Wait, describe
 from gpu_provider.engine.logs import LogForwarder
-from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, RESTART_LIMIT, AttemptWatch
+from gpu_provider.engine.watch import BUDGET, CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, RESTART_LIMIT, AttemptWatch
 from gpu_provider.exceptions import (
+    GpuJobBudgetError,
     GpuJobCancelledError,
     GpuJobDeadlineError,
     GpuJobError,
@@ -86,6 +87,8 @@ class AttemptRunner:
     :param queue_timeout: how long any other attempt may stay queued
     :param execution_timeout: the task's, for messages
     :param cancel_retry_s: pause before giving up a capacity wait again after its cancel failed
+    :param cost_limit: the running budget of an attempt's wait (``None``: no budget), see
+        :meth:`gpu_provider.spend.budget.SpendControl.cost_limit`
     """
 
     def __init__(
@@ -102,7 +105,9 @@ class AttemptRunner:
         queue_timeout: float | None = None,
         execution_timeout: Any = None,
         cancel_retry_s: float = 5.0,
+        cost_limit: Callable[[AttemptRecord], dict[str, float] | None] = lambda record: None,
     ) -> None:
+        self.cost_limit = cost_limit
         self.backend = backend
         self.engine = engine
         self.log = log
@@ -163,6 +168,7 @@ class AttemptRunner:
             queue_timeout=self.queue_timeout(record),
             log=self.log,
             restart_limit=self.restart_limit(record),
+            cost_limit=self.cost_limit(record),
         )
         while not self.stop.is_set():
             try:
@@ -225,6 +231,8 @@ class AttemptRunner:
             )
             engine.saw(record, stopped)
             record.interruption = names.PREEMPTED
+        elif outcome == BUDGET:
+            return self._over_budget(record, status)
         elif outcome in (QUEUE_TIMEOUT, DEADLINE):
             what = (
                 f"still queued after queue_timeout={self.queue_timeout_s or 0:.0f}s"
@@ -241,6 +249,27 @@ class AttemptRunner:
             engine.saw(record, status)
         self.persist()
         return engine.ended(record, stopped_by_kill=self.stop.is_set())
+
+    def _over_budget(self, record: AttemptRecord, status: JobStatus) -> Step:
+        """The attempt's running cost crossed the task's budget: stop the job, and the try (not retried)."""
+        engine = self.engine
+        limit = self.cost_limit(record) or {}
+        max_cost = float(limit.get("max_cost_usd") or 0.0)
+        reason = f"its running cost crossed max_cost_usd=${max_cost:.2f}; stopped by {self.label}"
+        cancelled = self.cancel(record, reason)
+        engine.saw(record, status)  # prices the attempt at the sample that crossed the budget
+        engine.saw(record, JobStatus(state=JobState.CANCELLED, reason="max_cost_usd reached", ended_at=time.time()))
+        self.persist()
+        spent = float(limit.get("spent_usd") or 0.0)
+        tail = "" if cancelled else " Cancelling it failed: stop it by hand."
+        error = GpuJobBudgetError(
+            f"{self.where(record)} was stopped because its running cost crossed the task's budget: "
+            f"${record.cost_usd or 0.0:.4f} for this attempt ({record.gpu_hours:.4f} GPU-hours at "
+            f"${float(limit.get('usd_per_gpu_second') or 0.0) * 3600:.4f}/GPU-hour) + ${spent:.4f} spent by earlier "
+            f"attempts >= max_cost_usd=${max_cost:.2f}. Airflow does not retry this; raise max_cost_usd and clear "
+            f"the task to run it again.{tail}"
+        )
+        return Fail(error, record)
 
     # --- the end of a try ------------------------------------------------------------------------
     def explain(self, step: Fail) -> GpuJobError:

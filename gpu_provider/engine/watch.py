@@ -15,7 +15,13 @@ from typing import Any
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobElsewhereError
-from gpu_provider.names import CAPACITY_TIMEOUT, EVENT_DEADLINE, EVENT_QUEUE_TIMEOUT, EVENT_RESTART_LIMIT
+from gpu_provider.names import (
+    CAPACITY_TIMEOUT,
+    EVENT_BUDGET,
+    EVENT_DEADLINE,
+    EVENT_QUEUE_TIMEOUT,
+    EVENT_RESTART_LIMIT,
+)
 
 #: failed status reads in a row before the wait gives up (the job may still run; a retry reattaches)
 MAX_POLL_ERRORS = 20
@@ -25,8 +31,10 @@ ENDED = "ended"
 QUEUE_TIMEOUT = EVENT_QUEUE_TIMEOUT
 DEADLINE = EVENT_DEADLINE
 RESTART_LIMIT = EVENT_RESTART_LIMIT
+BUDGET = EVENT_BUDGET
 
 __all__ = [
+    "BUDGET",
     "CAPACITY_TIMEOUT",
     "DEADLINE",
     "ENDED",
@@ -49,6 +57,8 @@ class AttemptWatch:
         given up (``RESTART_LIMIT``: the capacity policy wants its next attempt); ``None``: never
     :param log: where the job's log lines and the warnings go (the task's or the trigger's logger)
     :param stream_logs: copy the job's new log lines into ``log`` with every status read
+    :param cost_limit: the attempt's running budget (:meth:`gpu_provider.spend.budget.SpendControl.cost_limit`):
+        ``BUDGET`` once its GPU-seconds x ``usd_per_gpu_second`` reach ``remaining_usd``
     """
 
     def __init__(
@@ -62,8 +72,10 @@ class AttemptWatch:
         deadline: float | None = None,
         stream_logs: bool = True,
         restart_limit: int | None = None,
+        cost_limit: dict[str, float] | None = None,
     ) -> None:
         self.backend = backend
+        self.cost_limit = cost_limit
         self.handle = handle
         self.capacity_wait = capacity_wait
         self.queue_timeout = queue_timeout
@@ -106,14 +118,20 @@ class AttemptWatch:
         self.log.warning("Polling %s job %s failed (%s); trying again.", self.backend.name, self.handle.job_id, err)
         return None
 
+    def over_budget(self, status: JobStatus) -> bool:
+        limit = self.cost_limit
+        if not limit:
+            return False
+        return status.gpu_seconds * float(limit["usd_per_gpu_second"]) >= float(limit["remaining_usd"])
+
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.time() >= self.deadline
 
     def read(self, status: JobStatus) -> str | None:
         """Take one status sample (does I/O: reads the job's new log lines).
 
-        :return: ``ENDED``, ``CAPACITY_TIMEOUT``, ``QUEUE_TIMEOUT``, ``DEADLINE``, ``RESTART_LIMIT`` or
-            ``None`` to keep waiting
+        :return: ``ENDED``, ``CAPACITY_TIMEOUT``, ``QUEUE_TIMEOUT``, ``DEADLINE``, ``RESTART_LIMIT``,
+            ``BUDGET`` or ``None`` to keep waiting
         """
         self.errors = 0
         if self.stream_logs:
@@ -135,6 +153,8 @@ class AttemptWatch:
             )
         if self.restart_limit is not None and status.restarts >= self.restart_limit:
             return RESTART_LIMIT
+        if self.over_budget(status):
+            return BUDGET
         if status.state is not JobState.QUEUED:
             self._queued_since, self._queue_reason, self._left_queue = None, "", True
             return None

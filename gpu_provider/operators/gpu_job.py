@@ -31,7 +31,7 @@ from gpu_provider.backends.base import (
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, poll_one, recover
-from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, RESTART_LIMIT
+from gpu_provider.engine.watch import BUDGET, CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, RESTART_LIMIT
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
 from gpu_provider.job import is_templated, to_bool, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
@@ -50,6 +50,7 @@ from gpu_provider.operators._fields import (
 )
 from gpu_provider.records import AttemptRecord, dump_records, load_records
 from gpu_provider.recovery import CapacityPolicy, resolve_capacity
+from gpu_provider.spend.budget import SpendControl, check_max_cost
 from gpu_provider.templates import WithTemplateFilters
 
 if TYPE_CHECKING:
@@ -114,6 +115,11 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         ``[operators] default_deferrable``).
     :param poll_interval: seconds between status checks (default: ``[gpu_provider] poll_interval``,
         else the backend's own default).
+    :param max_cost_usd: the most this task's job may cost, in US dollars, over all its attempts. With
+        ``max_runtime`` (or ``execution_timeout``), before each submit the worst case (price per GPU-hour
+        x GPUs x max runtime x the attempts the policy and retries allow, plus what earlier attempts
+        cost) is compared with it, and the task fails with the arithmetic instead of submitting; while
+        an attempt runs, it is stopped once its cost crosses what is left. Neither is retried by Airflow.
     """
 
     template_fields: Sequence[str] = ("command", "backend", "image", "env", "checkpoint_uri")
@@ -140,6 +146,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         queue_timeout: timedelta | float | None = None,
         deferrable: bool | str | None = None,
         poll_interval: float | None = None,
+        max_cost_usd: float | None = None,
         **kwargs: Any,
     ) -> None:
         self.gpu_resources = to_resources(resources)
@@ -169,6 +176,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
 
             deferrable = conf.getboolean("operators", "default_deferrable", fallback=False)
         self.deferrable = to_bool("deferrable", deferrable)
+        self.max_cost_usd = check_max_cost(max_cost_usd)
 
         # parse-time checks of what is already known
         check_fixed_options(backend)
@@ -290,12 +298,23 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             names.EVENT_QUEUE_TIMEOUT: QUEUE_TIMEOUT,
             names.EVENT_DEADLINE: DEADLINE,
             names.EVENT_RESTART_LIMIT: RESTART_LIMIT,
+            names.EVENT_BUDGET: BUDGET,
         }.get(event["status"], ENDED)
         if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
             LogForwarder(plan.backend, handle, self.log).settle()
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
 
     def _runner(self, context: Context, plan: _Plan, records: list[AttemptRecord]) -> AttemptRunner:
+        spend = SpendControl.from_config(
+            plan.backend,
+            self.gpu_resources,
+            self.capacity,
+            log=self.log,
+            team=self.team,
+            max_cost_usd=self.max_cost_usd,
+            max_runtime_s=plan.max_runtime_s,
+            retries=int(self.retries or 0),
+        )
         engine = AttemptEngine(
             self.capacity,
             records,
@@ -303,6 +322,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             backend_name=plan.backend.name,
             retries=int(self.retries or 0),
             resumes=bool(plan.checkpoint_uri),
+            before_submit=[spend.before_submit],
+            on_status=[spend.on_status],
         )
         return AttemptRunner(
             plan.backend,
@@ -315,6 +336,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             capacity_wait=self.capacity.spot_wait_timeout_s,
             queue_timeout=self.queue_timeout_s,
             execution_timeout=self.execution_timeout,
+            cost_limit=lambda record: spend.cost_limit(record, engine.records),
         )
 
     def _run(self, context: Context, plan: _Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
@@ -360,6 +382,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 stream_logs=plan.backend.stream_logs_when_deferred,
                 task_label=self._task_label(),
                 restart_limit=runner.restart_limit(record),
+                cost_limit=runner.cost_limit(record),
             ),
             method_name="execute_complete",
             kwargs={"records": dump_records(runner.engine.records), "deadline": deadline},

@@ -20,7 +20,15 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, resolve_backend
-from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, RESTART_LIMIT, AttemptWatch
+from gpu_provider.engine.watch import (
+    BUDGET,
+    CAPACITY_TIMEOUT,
+    DEADLINE,
+    ENDED,
+    QUEUE_TIMEOUT,
+    RESTART_LIMIT,
+    AttemptWatch,
+)
 
 #: event statuses, one per way an attempt's wait can end
 EVENT_STATUS_BY_STATE = {
@@ -36,6 +44,7 @@ EVENT_STATUS_BY_OUTCOME = {
     QUEUE_TIMEOUT: names.EVENT_QUEUE_TIMEOUT,
     DEADLINE: names.EVENT_DEADLINE,
     RESTART_LIMIT: names.EVENT_RESTART_LIMIT,
+    BUDGET: names.EVENT_BUDGET,
 }
 
 
@@ -125,6 +134,8 @@ class GpuJobTrigger(BaseTrigger):
     :param task_label: names the task and run in the reason given to the service when a kill cancels the job.
     :param restart_limit: restarts inside the job (managed spot) after which the trigger fires
         ``restart_limit`` so the task stops the attempt and the policy's next one runs (None: never).
+    :param cost_limit: the attempt's running budget (``usd_per_gpu_second``, ``remaining_usd``, ...): the
+        trigger fires ``budget`` once the job's GPU-seconds cost that much, and the task stops the job.
     """
 
     def __init__(
@@ -139,6 +150,7 @@ class GpuJobTrigger(BaseTrigger):
         stream_logs: bool = True,
         task_label: str | None = None,
         restart_limit: int | None = None,
+        cost_limit: dict[str, float] | None = None,
         **_newer: Any,
     ) -> None:
         # ``_newer``: arguments a newer provider version added; a triggerer one version behind still runs it
@@ -152,6 +164,7 @@ class GpuJobTrigger(BaseTrigger):
         self.stream_logs = stream_logs
         self.task_label = task_label
         self.restart_limit = None if restart_limit is None else int(restart_limit)
+        self.cost_limit = dict(cost_limit) if cost_limit else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -166,6 +179,7 @@ class GpuJobTrigger(BaseTrigger):
                 "stream_logs": self.stream_logs,
                 "task_label": self.task_label,
                 "restart_limit": self.restart_limit,
+                "cost_limit": self.cost_limit,
             },
         )
 
@@ -198,6 +212,7 @@ class GpuJobTrigger(BaseTrigger):
             log=self.log,
             stream_logs=self.stream_logs,
             restart_limit=self.restart_limit,
+            cost_limit=self.cost_limit,
         )
         try:
             while True:

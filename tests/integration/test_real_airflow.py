@@ -27,10 +27,15 @@ import pytest
 from tests.batch_world import BatchWorld, connection_env
 from tests.harness import pid_alive, wait_for
 
+#: the reaper DAGs' grace period (seconds): a job younger than this is never stopped
+REAP_GRACE_S = 25.0
+
 DAG_SOURCE = """
+import os
 import sys
+from datetime import timedelta
 from airflow.sdk import DAG
-from gpu_provider.operators import GpuJobOperator
+from gpu_provider.operators import GpuJobOperator, GpuReaperOperator
 from gpu_provider.backends.local import LocalBackend
 from gpu_provider.backends.batch import BatchBackend
 
@@ -68,6 +73,39 @@ with DAG(dag_id="kill_batch_deferred", schedule=None, catchup=False) as kill_bat
         poll_interval=0.5,
     )
 
+# the reaper's world: each scenario's task in its own DAG (one run each), on both landed backends
+REAP_BACKENDS = {{
+    "local": LocalBackend(state_dir=STATE, grace_period=1),
+    "batch": BatchBackend(spot_queue={spot_queue!r}, on_demand_queue={on_demand_queue!r}),
+}}
+for where, backend in REAP_BACKENDS.items():
+    for scenario, deferrable, retries in (
+        ("failed-deferred", True, 0), ("deleted", True, 0), ("killed", False, 0),
+        ("running", False, 0), ("deferred", True, 0), ("retry", False, 1),
+    ):
+        with DAG(dag_id=f"reap_{{where}}_{{scenario.replace('-', '_')}}", schedule=None, catchup=False) as reap_dag:
+            GpuJobOperator(
+                task_id="job",
+                backend=backend,
+                image="trainer:1",
+                command=job(300) + [f"reap-{{where}}-{{scenario}}"],
+                deferrable=deferrable,
+                poll_interval=0.5,
+                retries=retries,
+                retry_delay=timedelta(hours=1),
+            )
+        globals()[reap_dag.dag_id] = reap_dag
+
+for mode in ("dry", "live"):
+    with DAG(dag_id=f"reaper_{{mode}}", schedule=None, catchup=False) as reaper_dag:
+        GpuReaperOperator(
+            task_id="reap",
+            backends=list(REAP_BACKENDS.values()),
+            dry_run=mode == "dry",
+            grace_period=float(os.environ["REAP_GRACE_S"]),
+        )
+    globals()[reaper_dag.dag_id] = reaper_dag
+
 with DAG(dag_id="fan_out", schedule=None, catchup=False) as fan_out:
     # jobs of 10 s: the executor has taken in the end of each task's first (deferring) run before the
     # trigger fires; with a 2 s job on a loaded machine Airflow 3.3's LocalExecutor can report that
@@ -83,6 +121,8 @@ class Airflow:
     url: str
     env: dict[str, str]
     pids: Path
+    group: int = 0
+    """The process group of `airflow standalone` and its components."""
 
     def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
@@ -157,6 +197,10 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            # the reaper DAGs: jobs younger than this are never stopped
+            "REAP_GRACE_S": str(REAP_GRACE_S),
+            # the reaper asks this API server (no auth: every user is an admin here)
+            "AIRFLOW_CONN_AIRFLOW_API": json.dumps({"conn_type": "http", "host": f"http://127.0.0.1:{port}"}),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
     )
@@ -168,7 +212,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    af = Airflow(url=f"http://127.0.0.1:{port}", env=env, pids=pids)
+    af = Airflow(url=f"http://127.0.0.1:{port}", env=env, pids=pids, group=proc.pid)
     try:
         wait_for(lambda: "Airflow is ready" in (root / "standalone.log").read_text(), 180, "airflow standalone")
         wait_for(lambda: _answers(f"{af.url}/api/v2/monitor/health"), 120, "the API server")
@@ -260,3 +304,177 @@ def test_marking_a_deferred_batch_task_failed_terminates_its_job(airflow: Airflo
     )
     assert submit["jobName"].startswith("gp-kill-batch-def-job-")
     wait_for(lambda: not pid_alive(pid), 20, "the job process to stop")
+
+
+# --- the reaper ---------------------------------------------------------------------------------
+
+REAP_BACKENDS = ("local", "batch")
+#: scenarios whose job no live task waits for (the reaper stops them), and those it must leave alone
+ORPHANS = ("failed-deferred", "deleted", "killed")
+LIVE = ("running", "deferred", "retry")
+#: (backend, scenario): orphans on each landed backend; the live states on local, and deferred on Batch too
+SCENARIOS = (
+    [(where, s) for where in REAP_BACKENDS for s in ORPHANS] + [("local", s) for s in LIVE] + [("batch", "deferred")]
+)
+
+
+def _dag(where: str, scenario: str) -> str:
+    return f"reap_{where}_{scenario.replace('-', '_')}"
+
+
+@contextlib.contextmanager
+def _triggerer_paused(af: Airflow) -> Iterator[None]:
+    """SIGSTOP the triggerer's processes (and SIGCONT them after): deferred tasks stay deferred with
+    no trigger running, which is the window between deferral and a triggerer taking the trigger up."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != af.group:
+                continue
+            if b"triggerer" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except (OSError, ProcessLookupError):
+            continue
+    assert pids, "no triggerer process found under airflow standalone"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def _wait_state(af: Airflow, dag_id: str, state: str) -> None:
+    wait_for(lambda: af.ti_state(dag_id, "run1") == state, 60, f"{dag_id}'s task to be {state}")
+
+
+def _mark_failed(af: Airflow, dag_id: str) -> None:
+    af.api("PATCH", f"/dags/{dag_id}/dagRuns/run1/taskInstances/job", {"new_state": "failed"})
+
+
+def _reaper_report(af: Airflow, dag_id: str, run_id: str) -> dict[str, Any]:
+    af.trigger(dag_id, run_id)
+    ti = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/reap"
+    wait_for(lambda: af.api("GET", ti).get("state") in ("success", "failed"), 120, f"{dag_id} to finish")
+    assert af.api("GET", ti)["state"] == "success"
+    entry = af.api("GET", f"{ti}/xcomEntries/return_value")
+    value = entry["value"]
+    return dict(json.loads(value) if isinstance(value, str) else value)
+
+
+def test_the_reaper_stops_orphaned_jobs_and_leaves_live_and_new_ones_alone(airflow: Airflow, batch: BatchWorld) -> None:
+    """Orphans on each landed backend: a task marked failed while deferred before a triggerer took its
+    trigger, a worker SIGKILLed with no retries left, a deleted DAG run. Left alone: running, deferred,
+    up for retry, and a job submitted a moment ago. A dry run reports the same set and stops nothing."""
+    from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, TaskKey
+    from gpu_provider.backends.local import LocalBackend
+    from gpu_provider.job import GpuResources
+
+    pids: dict[str, int] = {}
+    with _triggerer_paused(airflow):
+        # a few at a time: a dozen tasks starting at once can time out against a loaded API server
+        for start in range(0, len(SCENARIOS), 3):
+            wave = SCENARIOS[start : start + 3]
+            for where, scenario in wave:
+                airflow.trigger(_dag(where, scenario), "run1")
+            for where, scenario in wave:
+                pids[f"{where}-{scenario}"] = _job_pid(airflow, f"reap-{where}-{scenario}")
+        for where, scenario in SCENARIOS:
+            state = "deferred" if scenario in ("failed-deferred", "deleted", "deferred") else "running"
+            _wait_state(airflow, _dag(where, scenario), state)
+        for where in REAP_BACKENDS:
+            # the orphans: marked failed while deferred (no triggerer has the trigger), DAG run deleted,
+            # the task's process SIGKILLed with no retries left (and, for "retry", with one left)
+            _mark_failed(airflow, _dag(where, "failed-deferred"))
+            # Airflow deletes only a run that is not running: a person fails it first, then deletes it
+            deleted_run = f"/dags/{_dag(where, 'deleted')}/dagRuns/run1"
+            airflow.api("PATCH", deleted_run, {"state": "failed"})
+            airflow.api("DELETE", deleted_run)
+            for scenario, after in (("killed", "failed"), ("retry", "up_for_retry"))[: 2 if where == "local" else 1]:
+                dag_id = _dag(where, scenario)
+                task_pid = airflow.api("GET", f"/dags/{dag_id}/dagRuns/run1/taskInstances/job")["pid"]
+                os.kill(int(task_pid), signal.SIGKILL)
+                _wait_state(airflow, dag_id, after)
+        assert all(pid_alive(pid) for pid in pids.values()), "every job still runs before the reaper"
+
+        # every job is older than the grace period; then one more job is submitted a moment ago
+        local = LocalBackend(state_dir=str(Path(airflow.pids).parent / "state"))
+        youngest = max(o.handle.submitted_at for o in local.list_owned()) + 3  # the Batch jobs came about then
+        wait_for(lambda: time.time() - youngest > REAP_GRACE_S, REAP_GRACE_S + 30, "the jobs to pass the grace")
+
+        def fresh_job(run_id: str) -> JobHandle:
+            """A job of a task instance Airflow does not know (it would be reaped), submitted just now."""
+            return local.submit(
+                JobRequest(
+                    identity=JobIdentity(TaskKey("reap_new", "job", run_id), 1, 1, "on-demand"),
+                    command=(sys.executable, "-c", "import time; time.sleep(120)"),
+                    env={},
+                    resources=GpuResources(gpus=1),
+                    capacity="on-demand",
+                )
+            )
+
+        fresh = fresh_job("manual__dry")
+        dry = _reaper_report(airflow, "reaper_dry", "run1")
+        assert dry["dry_run"] is True and dry["stopped"] == 0
+        assert all(pid_alive(pid) for pid in pids.values()), "a dry run stopped a job"
+        assert local.poll([fresh])[fresh.job_id].state.active
+        local.cancel(fresh, "the dry run is over")  # by the live run it would be older than the grace period
+        fresh = fresh_job("manual__live")
+        live = _reaper_report(airflow, "reaper_live", "run1")
+    assert live["dry_run"] is False
+
+    def jobs(*scenarios: str) -> set[str]:
+        return {f"reap-{where}-{s}" for where, s in SCENARIOS if s in scenarios}
+
+    # the job names carry the DAG ids: map them back to scenarios
+    def scenarios_of(report: dict[str, Any], key: str) -> set[str]:
+        out = set()
+        for verdict in report[key]:
+            task = verdict["task"] or {}
+            dag_id = task.get("dag_id", "")
+            for where in REAP_BACKENDS:
+                for scenario in ORPHANS + LIVE:
+                    if dag_id == _dag(where, scenario) and (where, scenario) in SCENARIOS:
+                        out.add(f"reap-{where}-{scenario}")
+            if dag_id == "reap_new":
+                out.add("new")
+        return out
+
+    assert scenarios_of(dry, "to_stop") == scenarios_of(live, "to_stop") == jobs(*ORPHANS), (dry, live)
+    assert {v["job_id"] for v in dry["to_stop"]} == {v["job_id"] for v in live["to_stop"]}
+    assert scenarios_of(dry, "kept") >= jobs(*LIVE) | {"new"}, dry
+    assert scenarios_of(live, "kept") >= jobs(*LIVE) | {"new"}, live
+    assert live["stopped"] == len(jobs(*ORPHANS)) and not live["errors"], live
+    whys = {scenario: v["why"] for v in live["to_stop"] for scenario in scenarios_of({"x": [v]}, "x")}
+    assert "is failed" in whys["reap-local-failed-deferred"] and "is failed" in whys["reap-batch-killed"]
+    assert "does not exist (its DAG run or DAG was deleted)" in whys["reap-batch-deleted"]
+    kept = {scenario: v["why"] for v in live["kept"] for scenario in scenarios_of({"x": [v]}, "x")}
+    assert "is deferred" in kept["reap-batch-deferred"] and "is up_for_retry" in kept["reap-local-retry"]
+    assert "is running" in kept["reap-local-running"] and "within the grace period" in kept["new"]
+    # the cost the reaper reports: Batch jobs at the default instance's price (g5.xlarge, $1.006/h in
+    # us-east-1), local jobs at [gpu_provider] local_gpu_hour_usd (0 by default)
+    batch_rates = {v["usd_per_hour"] for v in live["to_stop"] if v["backend"] == "batch"}
+    assert batch_rates == {1.006}, live["to_stop"]
+    assert live["usd_per_hour"] == pytest.approx(3 * 1.006)
+
+    for where in REAP_BACKENDS:
+        for scenario in ORPHANS:
+            pid = pids[f"{where}-{scenario}"]
+            wait_for(lambda p=pid: not pid_alive(p), 30, f"the {where} {scenario} job to be stopped")
+    for where, scenario in SCENARIOS:
+        if scenario in LIVE:
+            assert pid_alive(pids[f"{where}-{scenario}"]), f"the reaper stopped the live {where} {scenario} job"
+    assert local.poll([fresh])[fresh.job_id].state.active, "the reaper stopped a job submitted a moment ago"
+    local.cancel(fresh, "test done")
+    # what the Batch emulator was told: TerminateJob for the three orphans, with the reaper's reason
+    reasons = [b["reason"] for b in batch.bodies("TerminateJob")]
+    assert len([r for r in reasons if "the GPU reaper" in r]) == 3, reasons
+    for where, scenario in SCENARIOS:  # leave no live task behind for the tests after this one
+        if scenario in LIVE:
+            with contextlib.suppress(urllib.error.HTTPError):
+                _mark_failed(airflow, _dag(where, scenario))

@@ -89,6 +89,7 @@ def test_the_wheel_holds_the_package_and_the_example_programs(installed: Install
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     assert {f"gpu_provider/examples/{stage}.py" for stage in ("preprocess", "train", "infer")} <= names
     assert "gpu_provider/py.typed" in names
+    assert "gpu_provider/spend/prices.json" in names, "the shipped price table is package data"
     # nothing but the package and its metadata: no tests, dags, emulators or scripts
     distribution, version = installed.wheel.name.split("-")[:2]
     assert {name.split("/")[0] for name in names} == {"gpu_provider", f"{distribution}-{version}.dist-info"}
@@ -97,6 +98,19 @@ def test_the_wheel_holds_the_package_and_the_example_programs(installed: Install
 def _metadata(wheel: Path) -> list[str]:
     (metadata,) = [n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA")]
     return zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+
+
+def test_the_installed_wheel_prices_jobs_from_its_shipped_table(installed: Installed) -> None:
+    code = (
+        "import gpu_provider.spend.prices as p; from gpu_provider.job import GpuResources\n"
+        "price = p.PriceBook().job_price(GpuResources(gpu_type='h100', gpus=8), 'on-demand', 'us-west-2')\n"
+        "print(p.__file__, price.instance_type, price.usd_per_hour, p.shipped_table()['retrieved'])"
+    )
+    done = installed.run(["-c", code], env={"PATH": os.environ.get("PATH", "")})
+    assert done.returncode == 0, done.stderr
+    where, itype, usd, retrieved = done.stdout.split()
+    assert where.startswith(str(installed.site)), where  # from the wheel, not the repository
+    assert (itype, float(usd), retrieved) == ("p5.48xlarge", 55.04, "2026-12-03")
 
 
 def test_the_wheel_declares_what_the_code_needs(installed: Installed) -> None:

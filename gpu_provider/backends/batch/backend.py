@@ -38,6 +38,7 @@ from gpu_provider.backends.base import (
     JobState,
     JobStatus,
     LogChunk,
+    OwnedJob,
     PollResult,
     TaskKey,
     _slug,
@@ -83,6 +84,8 @@ log = logging.getLogger(__name__)
 
 #: most job ids per DescribeJobs call (a Batch limit)
 DESCRIBE_BATCH = 100
+#: Batch states of jobs that have not ended (what :meth:`BatchBackend.list_owned` lists)
+ACTIVE_BATCH_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
 #: a job DescribeJobs does not return this long after its submission is lost (before: not visible yet)
 VISIBILITY_GRACE_S = 60.0
 #: Batch's smallest attempt timeout
@@ -804,6 +807,62 @@ class BatchBackend(Backend):
             if str(job.get("jobId")) == handle.job_id:
                 return task_from_tags(job.get("tags") or {})
         return None
+
+    def price_region(self) -> str | None:
+        return self.region
+
+    def list_owned(self) -> list[OwnedJob]:
+        """Every active job in the configured queues that carries this provider's task tags.
+
+        ListJobs per queue and active Batch state (SUBMITTED to RUNNING; a listing by state returns
+        no ended jobs), then DescribeJobs 100 at a time for the tags, the timeout and the start time.
+        Jobs without the task tags (submitted by something else) are not listed.
+        """
+        client = self._client("batch")
+        found: dict[str, str] = {}
+        for queue in dict.fromkeys(q for q in (self.spot_queue, self.on_demand_queue) if q):
+            for status in ACTIVE_BATCH_STATES:
+                token: str | None = None
+                while True:
+                    kwargs: dict[str, Any] = {"jobQueue": queue, "jobStatus": status}
+                    if token:
+                        kwargs["nextToken"] = token
+                    page = call("ListJobs", lambda kwargs=kwargs: client.list_jobs(**kwargs))  # type: ignore[misc]
+                    for summary in page.get("jobSummaryList") or []:
+                        found.setdefault(str(summary["jobId"]), queue)
+                    token = page.get("nextToken")
+                    if not token:
+                        break
+        owned: list[OwnedJob] = []
+        for job in self._describe(list(found), attempts=PATIENT_ATTEMPTS):
+            tags = job.get("tags") or {}
+            if names.TAG_DAG_ID not in tags:
+                continue
+            handle = self._handle_of(job, found[str(job["jobId"])], {})
+            try:
+                state = self.status_of(job, handle).state
+            except ValueError:  # a state this version does not know: it may be running
+                state = JobState.RUNNING
+            if state.terminal:
+                continue
+            owner = tag_number(tags, names.TAG_OWNER_TRY) or tag_number(tags, names.TAG_TRY_NUMBER)
+            timeout = (job.get("timeout") or {}).get("attemptDurationSeconds")
+            nodes = int(handle.extra.get("nodes") or 1)
+            owned.append(
+                OwnedJob(
+                    handle=handle,
+                    task=task_from_tags(tags),
+                    state=state,
+                    try_number=int(owner) if owner else None,
+                    team=str(tags.get(names.TAG_TEAM) or "") or None,
+                    started_at=seconds_from_ms(job.get("startedAt")),
+                    nodes=nodes,
+                    gpus=float(handle.extra.get("gpus") or 0.0) / nodes,
+                    max_runtime_s=float(timeout) if timeout else None,
+                    region=self.region,
+                )
+            )
+        return sorted(owned, key=lambda o: (o.handle.submitted_at, o.handle.job_id))
 
     # --- logs and links --------------------------------------------------------------------------
 

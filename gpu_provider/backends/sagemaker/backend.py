@@ -202,6 +202,8 @@ class SageMakerBackend(Backend):
     log_settle_s: ClassVar[float] = 6.0
     #: a succeeded job's output is its model artifacts, unless the job declared its own
     service_output: ClassVar[bool] = True
+    #: ``ml.`` instance types, sold at SageMaker's prices (:mod:`gpu_provider.spend.prices`)
+    price_catalog: ClassVar[str] = "sagemaker"
 
     def __init__(
         self,
@@ -293,6 +295,9 @@ class SageMakerBackend(Backend):
     @property
     def region(self) -> str:
         return self._clients.region
+
+    def price_region(self) -> str | None:
+        return self.region
 
     # --- parse time ---------------------------------------------------------------------------
 
