@@ -339,6 +339,9 @@ class KubernetesBackendWorld(BackendWorld):
         self.emulator.report_phase(self._pod(handle), unknown)
         return unknown
 
+    def cleanup(self) -> None:
+        self.release_capacity()
+
 
 class SageMakerBackendWorld(BackendWorld):
     """SageMaker training jobs on the SageMaker emulator (hosts run as local processes).
