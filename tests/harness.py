@@ -85,7 +85,10 @@ class Harness:
         return proc, out, log
 
     def run(self, dag_file: Path, dag_id: str, *, timeout: float = 180, **kwargs: Any) -> DagRun:
-        proc, out, log = self.start(dag_file, dag_id, **kwargs)
+        return self.finish(*self.start(dag_file, dag_id, **kwargs), timeout=timeout)
+
+    def finish(self, proc: subprocess.Popen[str], out: Path, log: Path, *, timeout: float = 180) -> DagRun:
+        """Wait for a run :meth:`start` began, and read its result."""
         try:
             rc = proc.wait(timeout=timeout)
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tests.batch_world import BatchWorld
 from tests.harness import Harness
 
 
@@ -17,25 +18,32 @@ def stored_links(dag_id: str, run_id: str) -> dict[tuple[str, str], str]:
         return {(row.task_id, row.key): XComModel.deserialize_value(row) for row in rows}
 
 
-def test_a_missing_link_is_no_error_and_a_stored_one_is_kept(harness: Harness) -> None:
+def test_a_missing_link_is_no_error_and_a_stored_one_is_kept(harness: Harness, batch: BatchWorld) -> None:
     out = harness.tmp / "out"
     dag_file = harness.write_dag(
         "links",
         f"""
         # fails before anything is submitted: no link of either kind was stored
         GpuJobOperator(task_id="unsubmitted", backend="{{{{ 'no_such_backend' }}}}", command=["true"])
-        # runs on the local backend, which has a console link (its job log) but no separate log view
-        GpuJobOperator(task_id="ran", backend=LocalBackend(), poll_interval=0.2,
-                       command={harness.toy_command(str(out), steps=2, delay=0.05)})
+        # the local backend offers no link (its job log is a file on the worker no browser can open)
+        GpuJobOperator(task_id="local", backend=LocalBackend(), poll_interval=0.2,
+                       command={harness.toy_command(str(out / "local"), steps=2, delay=0.05)})
+        # a Batch job has a console page and a log stream: both links are stored and kept
+        GpuJobOperator(task_id="batch", backend={batch.backend_source()}, image="trainer:1", poll_interval=0.3,
+                       command={harness.toy_command(str(out / "batch"), steps=2, delay=0.05)})
         """,
     )
     run = harness.run(dag_file, "links", extra_env={"AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(harness.state_dir)})
     assert run.task("unsubmitted")["state"].endswith("failed"), run.log[-3000:]
-    assert run.task("ran")["state"].endswith("success"), run.log[-3000:]
+    assert run.task("local")["state"].endswith("success"), run.log[-3000:]
+    assert run.task("batch")["state"].endswith("success"), run.log[-3000:]
     assert "XCom not found" not in run.log
     assert "Failed to push an xcom for task operator extra link" not in run.log
     links = stored_links("links", run.result["run_id"])
-    assert links[("unsubmitted", "_link_GpuJobConsoleLink")] == ""
-    assert links[("unsubmitted", "_link_GpuJobLogsLink")] == ""
-    assert links[("ran", "_link_GpuJobLogsLink")] == ""
-    assert links[("ran", "_link_GpuJobConsoleLink")].startswith("file://"), links
+    for task_id in ("unsubmitted", "local"):
+        assert links[(task_id, "_link_GpuJobConsoleLink")] == "", links
+        assert links[(task_id, "_link_GpuJobLogsLink")] == "", links
+    job_id = run.task("batch")["xcom"]["attempts"][0]["job_id"]
+    assert links[("batch", "_link_GpuJobConsoleLink")].startswith("https://"), links
+    assert job_id in links[("batch", "_link_GpuJobConsoleLink")], links
+    assert links[("batch", "_link_GpuJobLogsLink")].startswith("https://"), links

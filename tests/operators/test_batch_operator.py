@@ -124,7 +124,7 @@ def test_spot_job_left_runnable_past_its_deadline_is_terminated_and_resubmitted_
 
 
 def test_worker_crash_then_retry_reattaches_without_a_second_submit(harness: Harness, batch: BatchWorld) -> None:
-    out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
+    out, pid_dir, release = harness.tmp / "out", harness.tmp / "pids", harness.tmp / "release"
     dag = harness.write_dag(
         "batch_crash",
         f"""
@@ -132,7 +132,7 @@ def test_worker_crash_then_retry_reattaches_without_a_second_submit(harness: Har
             task_id="job",
             backend={batch.backend_source()},
             image="trainer:1",
-            command={harness.toy_command(str(out), 140, 0.15)},
+            command={harness.toy_command(str(out), 20, 0.15, "--hold-until", str(release))},
             env={{"PID_DIR": {str(pid_dir)!r}}},
             checkpoint="file://{harness.tmp / "ckpt"}",
             poll_interval=0.3,
@@ -147,7 +147,12 @@ def test_worker_crash_then_retry_reattaches_without_a_second_submit(harness: Har
     assert pid_alive(job_pid)
     assert len(batch.bodies("SubmitJob")) == 1
 
-    run = harness.run(dag, "batch_crash")
+    # the retry; the job is held after its last step until the retry has reattached, so a slow start
+    # of the retry cannot find it already ended
+    retry = harness.start(dag, "batch_crash")
+    wait_for(lambda: "Reattaching to batch job" in retry[2].read_text(), 180, "the retry to reattach")
+    release.touch()
+    run = harness.finish(*retry)
     task = run.task()
     assert task["state"] == "success", run.log[-4000:]
     assert "Reattaching to batch job" in run.log

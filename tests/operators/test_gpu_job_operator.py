@@ -143,14 +143,14 @@ def test_exact_resume_two_interruptions_give_the_bit_identical_model(harness: Ha
 
 
 def test_worker_sigkill_then_retry_reattaches_to_the_same_job(harness: Harness) -> None:
-    out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
+    out, pid_dir, release = harness.tmp / "out", harness.tmp / "pids", harness.tmp / "release"
     dag = harness.write_dag(
         "crash",
         f"""
         GpuJobOperator(
             task_id="job",
             backend=LocalBackend(state_dir={str(harness.state_dir)!r}),
-            command={harness.toy_command(str(out), 140, 0.15)},
+            command={harness.toy_command(str(out), 20, 0.15, "--hold-until", str(release))},
             env={{"PID_DIR": {str(pid_dir)!r}}},
             checkpoint="file://{harness.tmp / "ckpt"}",
             poll_interval=0.3,
@@ -164,7 +164,12 @@ def test_worker_sigkill_then_retry_reattaches_to_the_same_job(harness: Harness) 
     worker.wait(timeout=10)
     assert pid_alive(job_pid), "the job must survive its worker"
 
-    run = harness.run(dag, "crash")
+    # the retry; the job is held after its last step until the retry has reattached, so a slow start
+    # of the retry cannot find it already ended
+    retry = harness.start(dag, "crash")
+    wait_for(lambda: "Reattaching to local job" in retry[2].read_text(), 180, "the retry to reattach")
+    release.touch()
+    run = harness.finish(*retry)
     task = run.task()
     assert task["state"] == "success", run.log[-3000:]
     # (dag.test() re-runs a cleared running task under the same try number; a scheduler would bump it)

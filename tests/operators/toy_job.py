@@ -2,7 +2,9 @@
 
 Writes its pid to ``$PID_DIR/<attempt>-<rank>.pid``, resumes from ``GPU_PROVIDER_RESUME_FROM``,
 stops cleanly on SIGTERM (checkpoint, exit 143), can fail on chosen attempts (``--fail-on-attempt``),
-and at the end writes ``result.json`` (the steps it executed in each attempt) to --out.
+with ``--hold-until FILE`` waits after its last step until FILE exists (a test releases it once it
+has seen what it waits for, however slow the machine), and at the end writes ``result.json`` (the
+steps it executed in each attempt) to --out.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def main() -> int:
     parser.add_argument("--delay", type=float, default=0.1)
     parser.add_argument("--out", required=True)
     parser.add_argument("--fail-on-attempt", type=int, default=0)
+    parser.add_argument("--hold-until", default=None, help="after the last step, wait until this file exists")
     args = parser.parse_args()
     env = job_env()
     pid_dir = os.environ.get("PID_DIR")
@@ -49,6 +52,11 @@ def main() -> int:
         if stop.requested:
             print(f"stop requested at step {step}", flush=True)
             return 143
+    while args.hold_until and not os.path.exists(args.hold_until):
+        if stop.requested:
+            print(f"stop requested while held at step {step}", flush=True)
+            return 143
+        time.sleep(0.05)
     if env.node_rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,15 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from gpu_provider import names
-from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, JobStatus, TaskKey
+from gpu_provider.backends.base import (
+    JobHandle,
+    JobIdentity,
+    JobRequest,
+    JobState,
+    JobStatus,
+    TaskKey,
+    registered_backends,
+)
 from gpu_provider.backends.batch import BatchBackend
 from gpu_provider.backends.batch import calls as batch_calls
 from gpu_provider.backends.local import LocalBackend
@@ -121,7 +129,9 @@ def test_parse_time_checks_name_the_field() -> None:
         GpuJobSensor(task_id="s", backend="local")
     with pytest.raises(ValueError, match="job_id='  ' must be a non-empty string"):
         GpuJobSensor(task_id="s", backend="local", job_id="  ")
-    with pytest.raises(ValueError, match="backend='nope' is not a known backend; valid names: batch, local"):
+    with pytest.raises(
+        ValueError, match="backend='nope' is not a known backend; valid names: " + ", ".join(registered_backends())
+    ):
         GpuJobSensor(task_id="s", backend="nope", job_id="a")
     with pytest.raises(ValueError, match="poll_interval=0 must be > 0"):
         GpuJobSensor(task_id="s", backend="local", job_id="a", poll_interval=0)
