@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest"
 	@touch $(STAMP)
 
-## Run the example ML pipeline end to end and print what happened (BACKEND=local|batch|kubernetes;
+## Run the example ML pipeline end to end and print what happened (BACKEND=local|batch|sagemaker|kubernetes|aws;
 ## BACKEND=kubernetes CLUSTER=1 with KUBECONFIG set: against that cluster instead of the emulator).
 demo: $(STAMP)
 	@$(BIN)/python scripts/demo.py --backend $(BACKEND) $(if $(CLUSTER),--cluster)

@@ -34,6 +34,8 @@ data root come from the deployment, read when the file is parsed:
 ``make demo BACKEND=batch`` on AWS Batch (an emulator), with one spot job reclaimed during training;
 ``make demo BACKEND=sagemaker`` on SageMaker (an emulator): 2-node training on managed spot, one
 interruption, and the resume on on-demand from the checkpoint.
+``make demo BACKEND=aws`` mixes them in one run: preprocessing and inference on Batch, training and
+checkpoint evaluation on SageMaker (the stages' ``*_backend`` params; one AWS connection per backend).
 ``make demo BACKEND=kubernetes`` on Kubernetes (an emulated API server and Karpenter), training as a
 2-node indexed job on spot with one node reclaimed. Inference and evaluation share a GPU where the
 backend can: on Kubernetes that needs ``[gpu_provider] kubernetes_fractional_gpu_resource``.

@@ -43,6 +43,8 @@ class AttemptRecord:
     """The Airflow try that owns the attempt now: only it may cancel the attempt or submit its successor."""
     gpu_seconds: float = 0.0
     billable_seconds: float | None = None
+    training_seconds: float | None = None
+    """The time the job ran as the service counts it, where it reports it (SageMaker ``TrainingTimeInSeconds``)."""
     instance_type: str | None = None
     exit_code: int | None = None
     output_uri: str | None = None
@@ -67,6 +69,14 @@ class AttemptRecord:
     @property
     def gpu_hours(self) -> float:
         return round(self.gpu_seconds / 3600.0, 6)
+
+    @property
+    def spot_saving_pct(self) -> float | None:
+        """The share of the run time not billed (managed spot: ``1 - billable / training``), in percent;
+        ``None`` unless the service reported both figures (and some run time)."""
+        if self.billable_seconds is None or not self.training_seconds:
+            return None
+        return round(100.0 * (1.0 - self.billable_seconds / self.training_seconds), 1)
 
     # --- identity, from the handle ---
     @property
@@ -101,6 +111,8 @@ class AttemptRecord:
         self.gpu_seconds = round(max(self.gpu_seconds, status.gpu_seconds), 3)
         if status.billable_seconds is not None:
             self.billable_seconds = status.billable_seconds
+        if status.training_seconds is not None:
+            self.training_seconds = status.training_seconds
         self.instance_type = status.instance_type or self.instance_type
         if status.exit_code is not None:
             self.exit_code = status.exit_code
@@ -121,7 +133,12 @@ class AttemptRecord:
         data["handle"] = self.handle.to_dict()
         # derived, for readers of XCom and the UI (ignored when loading)
         data.update(
-            job_id=self.job_id, name=self.name, capacity=self.capacity, queue=self.queue, gpu_hours=self.gpu_hours
+            job_id=self.job_id,
+            name=self.name,
+            capacity=self.capacity,
+            queue=self.queue,
+            gpu_hours=self.gpu_hours,
+            spot_saving_pct=self.spot_saving_pct,
         )
         return data
 

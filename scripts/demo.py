@@ -18,6 +18,11 @@ stops the job and the next attempt runs on-demand, resuming from the checkpoint 
 job on spot, one of its nodes is reclaimed 4 s after it starts (``DisruptionTarget``), and the next
 attempt runs on on-demand, resuming from the checkpoint. With ``--cluster`` (and ``KUBECONFIG`` set)
 it runs against that cluster instead; it says which.
+``--backend aws`` mixes the AWS backends in one DAG run: preprocessing and inference run as AWS Batch
+jobs (the Batch emulator, on the ``aws_batch`` connection through ``[gpu_provider] batch_aws_conn_id``)
+while training (2 instances, managed spot, one interruption, the resume on-demand) and the evaluation
+of its checkpoints run as SageMaker training jobs (the SageMaker emulator, on ``aws_default``, whose S3
+holds the checkpoints). Each emulator is its own child process with its own moto server.
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ _SUFFIX = re.compile(r"(; env keys:.*|\s+\[airflow\.[^\]]*\].*)$")
 
 
 def _environment(backend: str, emulator: dict[str, Any] | None = None) -> dict[str, str]:
+    if backend == "aws":
+        return _mixed_aws_environment(_base_environment(backend), emulator)
     if backend == "kubernetes":
         return _kubernetes_environment(_base_environment(backend), emulator)
     return _aws_environment(_base_environment(backend), emulator)
@@ -107,7 +114,7 @@ def _aws_environment(env: dict[str, str], emulator: dict[str, Any] | None) -> di
                 "GPU_PIPELINE_IMAGE": "gpu-pipeline:demo",
             }
         )
-    if emulator is not None and env["GPU_DEMO_BACKEND"] == "sagemaker":
+    if emulator is not None and env["GPU_DEMO_BACKEND"] in ("sagemaker", "aws"):
         env.update(
             {
                 "AIRFLOW__GPU_PROVIDER__SAGEMAKER_ROLE_ARN": emulator["role_arn"],
@@ -116,6 +123,48 @@ def _aws_environment(env: dict[str, str], emulator: dict[str, Any] | None) -> di
             }
         )
     return env
+
+
+def _mixed_aws_environment(env: dict[str, str], emulators: dict[str, Any] | None) -> dict[str, str]:
+    """``--backend aws``: SageMaker on ``aws_default`` (its S3 holds the checkpoints the sensor and the
+    evaluation read), Batch on its own connection ``aws_batch``; the stages are shaped for SageMaker."""
+    assert emulators is not None
+    env = _aws_environment(env, emulators["sagemaker"])
+    batch = emulators["batch"]
+    connection = {"conn_type": "aws", "extra": {"endpoint_url": batch["endpoint_url"], "region_name": batch["region"]}}
+    env.update(
+        {
+            "AIRFLOW_CONN_AWS_BATCH": json.dumps(connection),
+            "AIRFLOW__GPU_PROVIDER__BATCH_AWS_CONN_ID": "aws_batch",
+            "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": batch["spot_queue"],
+            "AIRFLOW__GPU_PROVIDER__BATCH_ON_DEMAND_QUEUE": batch["on_demand_queue"],
+            "GPU_PIPELINE_BACKEND": "sagemaker",
+        }
+    )
+    return env
+
+
+#: the backend of each stage per demo backend (``aws``: Batch around SageMaker training)
+_STAGE_BACKENDS = {"aws": {"preprocess": "batch", "train": "sagemaker", "evaluate": "sagemaker", "infer": "batch"}}
+
+
+class _MixedEmulators:
+    """``--backend aws``: the Batch and the SageMaker emulators, each a child process."""
+
+    def __init__(self) -> None:
+        self.batch = _batch_emulator(name="batch-emulator")
+        try:
+            self.sagemaker = _sagemaker_emulator(name="sagemaker-emulator")
+        except BaseException:
+            self.batch.stop()
+            raise
+        self.info = {"batch": self.batch.info, "sagemaker": self.sagemaker.info}
+
+    def stop(self) -> None:
+        try:
+            self.sagemaker.stop()
+        finally:
+            self.batch.stop()
 
 
 class _ChildEmulator:
@@ -167,21 +216,21 @@ class _ChildEmulator:
         self.log.close()
 
 
-def _batch_emulator() -> _ChildEmulator:
+def _batch_emulator(name: str = "emulator") -> _ChildEmulator:
     """The AWS Batch emulator, for ``--backend batch``: the first spot training job's host is reclaimed."""
     argv = ["emulators.aws_batch", "serve", "--port", "0", "--job-cwd", str(REPO), "--preempt-after", "4"]
     argv += ["--preempt-queue", "gpu-spot", "--preempt-name-contains=-train-"]
-    return _ChildEmulator("emulator", argv, label="Batch", show=(" preempted: ", "-> FAILED"), logger=" __main__ ")
+    return _ChildEmulator(name, argv, label="Batch", show=(" preempted: ", "-> FAILED"), logger=" __main__ ")
 
 
-def _sagemaker_emulator() -> _ChildEmulator:
+def _sagemaker_emulator(name: str = "emulator") -> _ChildEmulator:
     """The SageMaker emulator, for ``--backend sagemaker``: the spot training instances are reclaimed 3 s in."""
     argv = ["emulators.aws_sagemaker", "serve", "--port", "0", "--job-cwd", str(REPO)]
     argv += ["--job-root", str(DEMO / "sagemaker-jobs")]
     argv += ["--bucket", "gpu-demo-models", "--bucket", "gpu-demo-checkpoints"]
     argv += ["--step-seconds", "0.5", "--interrupt-after", "3", "--interrupt-name-contains=-train-"]
     show = ("spot interruption", "ended Failed", "ended Stopped", "/Interrupted")
-    return _ChildEmulator("emulator", argv, label="SageMaker", show=show, logger=" __main__ ")
+    return _ChildEmulator(name, argv, label="SageMaker", show=show, logger=" __main__ ")
 
 
 def _kubernetes_emulator() -> _ChildEmulator:
@@ -224,10 +273,9 @@ def _child() -> None:
     import gpu_ml_pipeline
 
     backend = os.environ["GPU_DEMO_BACKEND"]
+    stages = _STAGE_BACKENDS.get(backend, dict.fromkeys(("preprocess", "train", "evaluate", "infer"), backend))
     conf = {
-        "preprocess_backend": backend,
-        "train_backend": backend,
-        "infer_backend": backend,
+        **{f"{stage}_backend": name for stage, name in stages.items()},
         "epochs": 4,
         "step_delay": 0.05,
         "simulate_preemption_after": "4",
@@ -264,7 +312,8 @@ def _summary(results: dict[str, Any]) -> bool:
             ok = False
             continue
         result = info["result"] or {}
-        print(f"\n  {stage}: {info['state']} (Airflow try {info['try_number']})")
+        on = f" on {result['backend']}" if result.get("backend") else ""
+        print(f"\n  {stage}{on}: {info['state']} (Airflow try {info['try_number']})")
         if not result:
             ok = False
             continue
@@ -274,7 +323,8 @@ def _summary(results: dict[str, Any]) -> bool:
             if a.get("restarts"):
                 reason = f" - interrupted {a['restarts']}x inside the job (restarted by the service){reason}"
             if a.get("billable_seconds") is not None:
-                reason = f"; billable {a['billable_seconds']:.0f}s on {a.get('instance_type')}" + reason
+                saving = f" (spot saving {a['spot_saving_pct']:.0f}%)" if a.get("spot_saving_pct") is not None else ""
+                reason = f"; billable {a['billable_seconds']:.0f}s{saving} on {a.get('instance_type')}" + reason
             start = f"resumed from {_step(a.get('resume_from'))}" if result.get("checkpoint_uri") else "no checkpoint"
             print(
                 f"    attempt {a['attempt']}: {a['capacity']:<9} {a['state']:<9} "
@@ -296,9 +346,10 @@ def main() -> int:
     if args.child:
         _child()
         return 0
-    if args.backend not in ("local", "batch", "sagemaker", "kubernetes"):
+    if args.backend not in ("local", "batch", "sagemaker", "kubernetes", "aws"):
         print(
-            f"make demo BACKEND={args.backend}: the demo runs on 'local', 'batch', 'sagemaker' or 'kubernetes'.",
+            f"make demo BACKEND={args.backend}: the demo runs on 'local', 'batch', 'sagemaker', 'kubernetes' or "
+            "'aws' (Batch and SageMaker in one run).",
             file=sys.stderr,
         )
         return 2
@@ -325,6 +376,13 @@ def main() -> int:
         print(
             f"  SageMaker emulator at {emulator.info['endpoint_url']}; its log: {emulator.log_path.relative_to(REPO)}"
         )
+    elif args.backend == "aws":
+        print("airflow-provider-gpu demo: gpu_ml_pipeline on AWS Batch and SageMaker in one run (two local emulators)")
+        print("  preprocess on Batch -> train on SageMaker (2 instances, managed spot with on-demand fallback; the")
+        print("  spot instances are reclaimed 3 s into training) -> inference on Batch; evaluation on SageMaker")
+        emulator = _MixedEmulators()
+        print(f"  Batch emulator at {emulator.info['batch']['endpoint_url']} (connection aws_batch), SageMaker")
+        print(f"  emulator at {emulator.info['sagemaker']['endpoint_url']} (aws_default); logs under .demo/")
     elif args.backend == "kubernetes" and args.cluster:
         print(
             "airflow-provider-gpu demo: gpu_ml_pipeline on the Kubernetes cluster of "

@@ -220,6 +220,9 @@ class JobStatus:
     the spot wait counts from here. ``None``: from submission."""
     billable_seconds: float | None = None
     """What the service bills for, where it reports it (SageMaker ``BillableTimeInSeconds``)."""
+    training_seconds: float | None = None
+    """The time the job ran, as the service counts it where it reports it (SageMaker
+    ``TrainingTimeInSeconds``); with ``billable_seconds`` it gives the spot saving of the attempt."""
     instance_type: str | None = None
     """The instance type the attempt actually ran on, where known."""
     capacity: str | None = None

@@ -323,6 +323,7 @@ class AttemptRunner:
             status = statuses.get(r.job_id)
             if isinstance(status, JobStatus) and status.state.terminal:
                 r.billable_seconds = status.billable_seconds
+                r.training_seconds = status.training_seconds
                 r.gpu_seconds = round(max(r.gpu_seconds, status.gpu_seconds), 3)
 
     def collect(self, record: AttemptRecord | None) -> None:

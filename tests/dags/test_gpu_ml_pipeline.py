@@ -206,6 +206,52 @@ def test_pipeline_runs_on_sagemaker_with_an_interrupted_spot_training(
     assert evaluate["output_uri"].startswith("file://")
 
 
+def test_pipeline_mixes_batch_and_sagemaker_in_one_run(
+    batch: BatchWorld, sagemaker: SageMakerWorld, harness: Harness
+) -> None:
+    """`make demo BACKEND=aws` as a test: preprocessing and inference on Batch (its own connection),
+    2-node spot training interrupted once and resumed on-demand on SageMaker, evaluation there too."""
+    dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
+    shutil.copy(DAG_FILE, dag_file)
+    setup = batch.emulator.create_environment(fair_share=False)
+    sagemaker.emulator.interrupt_after(1.5, name_contains="-train-")
+    extra = {"endpoint_url": batch.emulator.endpoint_url, "region_name": batch.emulator.region}
+    stages = {"preprocess": "batch", "train": "sagemaker", "evaluate": "sagemaker", "infer": "batch"}
+    run = harness.run(
+        dag_file,
+        "gpu_ml_pipeline",
+        logical_date="2026-03-02T00:00:00+00:00",
+        conf={"epochs": 3, "step_delay": 0.04, **{f"{k}_backend": v for k, v in stages.items()}},
+        extra_env={
+            "GPU_PIPELINE_DATA_ROOT": (harness.tmp / "data").as_uri(),
+            "GPU_PIPELINE_BACKEND": "sagemaker",
+            "GPU_PIPELINE_IMAGE": "gpu-pipeline:test",
+            "GPU_PIPELINE_CHECKPOINT_ROOT": f"s3://{CHECKPOINT_BUCKET}/pipeline",
+            "AIRFLOW_CONN_AWS_BATCH": json.dumps({"conn_type": "aws", "extra": extra}),
+            "AIRFLOW__GPU_PROVIDER__BATCH_AWS_CONN_ID": "aws_batch",
+            "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": setup.spot_queue,
+            "AIRFLOW__GPU_PROVIDER__BATCH_ON_DEMAND_QUEUE": setup.on_demand_queue,
+            "AIRFLOW__GPU_PROVIDER__SAGEMAKER_ROLE_ARN": sagemaker.options["role_arn"],
+            "AIRFLOW__GPU_PROVIDER__SAGEMAKER_OUTPUT_PATH": sagemaker.options["output_path"],
+            "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "0.5",
+        },
+        timeout=300,
+    )
+    assert run.result["state"].endswith("success"), run.log[-4000:]
+    tasks = {"preprocess": "preprocess", "train": "train", "evaluate": "evaluate", "infer": "batch_inference"}
+    results = {stage: run.task(task)["xcom"] for stage, task in tasks.items()}
+    assert {stage: r["backend"] for stage, r in results.items()} == stages
+    train = results["train"]
+    assert [(a["capacity"], a["state"], a["interruption"], a["restarts"]) for a in train["attempts"]] == [
+        ("spot", "CANCELLED", "preempted", 1),
+        ("on-demand", "SUCCEEDED", None, 0),
+    ]
+    assert int(train["attempts"][1]["resume_from"].rsplit("ckpt-", 1)[1]) > 0
+    assert [b["jobQueue"] for b in batch.bodies("SubmitJob")] == [setup.on_demand_queue, setup.spot_queue]
+    training = [b for b in sagemaker.bodies("CreateTrainingJob") if "-train-" in b["TrainingJobName"]]
+    assert [b["ResourceConfig"]["InstanceCount"] for b in training] == [2, 2]
+
+
 # ------------------------------------------------------------------------------------------ the trigger form
 
 

@@ -186,3 +186,14 @@ def test_a_reason_that_ends_a_sentence_gets_no_second_full_stop() -> None:
     assert "ended FAILED: Essential container in task exited (exit code 1). This is" in str(step.error)
     cut = _record(1, "on-demand", JobState.FAILED, reason="waiting for GPUs ...")
     assert "ended FAILED: waiting for GPUs ... This is" in str(_engine([cut]).ended(cut).error)  # three dots
+
+
+def test_an_attempt_shows_the_training_and_billable_time_and_the_spot_saving_they_imply() -> None:
+    record = _record(1, state=JobState.RUNNING)
+    assert record.public()["spot_saving_pct"] is None  # nothing reported yet
+    record.update(JobStatus(state=JobState.SUCCEEDED, training_seconds=400.0, billable_seconds=120.0))
+    public = load_records(dump_records([record]))[0].public()
+    assert (public["training_seconds"], public["billable_seconds"], public["spot_saving_pct"]) == (400.0, 120.0, 70.0)
+    record.update(JobStatus(state=JobState.SUCCEEDED))  # a later sample without the figures keeps them
+    assert record.spot_saving_pct == 70.0
+    assert _record(2, billable_seconds=10.0).spot_saving_pct is None  # no training time: no saving claimed

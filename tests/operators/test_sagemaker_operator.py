@@ -76,6 +76,7 @@ def test_two_node_spot_job_interrupted_once_resumes_on_demand_from_its_checkpoin
     assert result["interruptions"] == 1
     for attempt in (first, second):
         assert attempt["instance_type"] == "ml.g5.xlarge" and attempt["billable_seconds"] is not None, attempt
+        assert attempt["training_seconds"] is not None and attempt["spot_saving_pct"] is not None, attempt
     assert second["output_uri"].endswith(f"/{second['name']}/output/model.tar.gz") or second["output_uri"].startswith(
         "file://"
     )

@@ -724,6 +724,7 @@ class SageMakerBackend(Backend):
             restarts=restarts,
             queued_since=mapping.queued_since(job) if state is JobState.QUEUED else None,
             billable_seconds=float(billable) if billable is not None else None,
+            training_seconds=float(trained) if trained is not None else None,
             instance_type=str((job.get("ResourceConfig") or {}).get("InstanceType") or "") or None,
             capacity=names.SPOT if job.get("EnableManagedSpotTraining") else names.ON_DEMAND,
             owner_try=int(owner) if owner.isdigit() else None,
