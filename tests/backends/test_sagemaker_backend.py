@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from typing import Any
 
 import botocore.session
@@ -231,7 +232,12 @@ def test_250_waiting_attempts_cost_at_most_3_calls_per_tick_with_a_third_throttl
             return "none"
 
         waiting = [asyncio.ensure_future(first(t)) for t in triggers]
-        await asyncio.sleep(interval * 8)  # every trigger subscribed, every job read once
+        # every trigger subscribed and every job described once (a loaded machine takes longer than a few ticks)
+        deadline = time.monotonic() + 90
+        while len({r["body"].get("TrainingJobName") for r in sagemaker.emulator.requests("DescribeTrainingJob")}) < 250:
+            assert time.monotonic() < deadline, "the poller did not read every job within 90 s"
+            await asyncio.sleep(interval / 2)
+        await asyncio.sleep(interval * 2)
         sagemaker.emulator.throttle("*", 3)  # a third of the calls are throttled from now on
         sagemaker.emulator.reset_requests()
         await asyncio.sleep(interval * 6)
