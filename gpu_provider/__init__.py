@@ -11,6 +11,6 @@ from __future__ import annotations
 from gpu_provider.job import Checkpoint, GpuResources
 from gpu_provider.recovery import CapacityPolicy, OnDemand, Spot, SpotFallback
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = ["CapacityPolicy", "Checkpoint", "GpuResources", "OnDemand", "Spot", "SpotFallback", "__version__"]
