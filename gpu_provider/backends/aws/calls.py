@@ -1,0 +1,172 @@
+"""AWS clients and the throttling backoff the Batch and SageMaker backends share.
+
+boto3 is imported only when a client is first needed, through the amazon provider's
+``AwsBaseHook`` (credentials, region and endpoint from the Airflow connection).
+
+Every API call goes through :func:`call`, which backs off with full jitter while the service
+throttles it, within a bound: a status read gives up sooner (the watch reads again next tick) than
+the calls made outside the wait loop (submit, lookups, cancel, marks). SubmitJob is the exception:
+it is not idempotent (no client token), so it is sent by a client without botocore's automatic
+retries, and the backend looks the job name up before sending it again (see
+:func:`may_have_happened`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from gpu_provider.exceptions import GpuBackendThrottledError
+
+if TYPE_CHECKING:
+    from botocore.client import BaseClient
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Batch's and CloudWatch Logs' error codes for request throttling
+THROTTLING_CODES = frozenset({"TooManyRequestsException", "ThrottlingException", "Throttling"})
+
+#: backoff after the n-th throttled try: uniform(0, min(MAX_DELAY_S, BASE_DELAY_S * 2**n)) seconds
+BASE_DELAY_S = 0.25
+MAX_DELAY_S = 8.0
+#: tries of a status read before it is reported as throttled (the watch reads again next tick)
+POLL_ATTEMPTS = 6
+#: tries of a call outside the wait loop (submit, lookups, cancel, marks): about a minute of backoff
+PATIENT_ATTEMPTS = 10
+
+#: botocore's own retries (of throttling, 5xx and connection errors) unless the connection's
+#: ``config_kwargs`` say otherwise: 3 retries
+DEFAULT_RETRIES = {"mode": "standard", "max_attempts": 3}
+
+
+class Clients:
+    """boto3 clients of one backend (one per service), built on first use.
+
+    Any thread may ask for a client, and so may a signal handler: ``cancel()`` runs in Airflow's
+    SIGTERM handler on the task's main thread, which may be in the middle of building a client when
+    the signal arrives. So a cached client is read without a lock, and a build takes the lock
+    without waiting: when another build holds it (another thread's, or the one this handler
+    interrupted on its own thread), this call builds a client of its own instead of waiting, and
+    does not cache it. No I/O ever runs while waiting for the lock, because nothing waits for it.
+
+    :param aws_conn_id: the Airflow AWS connection
+    :param region_name: the region, ``None`` for the connection's
+    :param main_service: the client built to learn the connection's region (``batch``, ``sagemaker``)
+    """
+
+    def __init__(self, aws_conn_id: str, region_name: str | None, *, main_service: str = "batch") -> None:
+        self.aws_conn_id = aws_conn_id
+        self.region_name = region_name
+        self.main_service = main_service
+        self._build_lock = threading.Lock()
+        self._clients: dict[str, BaseClient] = {}
+        self._resolved_region: str | None = None
+
+    def get(self, service: str, *, automatic_retries: bool = True) -> BaseClient:
+        """The client of ``service`` (``batch``, ``logs``); never waits for another caller.
+
+        :param automatic_retries: ``False`` for a client that sends each request once (botocore's
+            retries off), for calls that must not be repeated blindly (SubmitJob)
+        """
+        key = service if automatic_retries else f"{service}:once"
+        client = self._clients.get(key)  # a plain dict read: atomic, no lock
+        if client is not None:
+            return client
+        if not self._build_lock.acquire(blocking=False):
+            log.debug("a %s client is being built elsewhere; building one for this call", service)
+            return self._remember_region(self.build(service, automatic_retries=automatic_retries))
+        try:
+            client = self._clients.get(key)
+            if client is None:
+                client = self._remember_region(self.build(service, automatic_retries=automatic_retries))
+                self._clients[key] = client
+            return client
+        finally:
+            self._build_lock.release()
+
+    def _remember_region(self, client: BaseClient) -> BaseClient:
+        self._resolved_region = client.meta.region_name
+        return client
+
+    def build(self, service: str, *, automatic_retries: bool = True) -> BaseClient:
+        """A new client from the Airflow connection (its ``config_kwargs`` apply, e.g. ``retries``)."""
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+        from botocore.config import Config
+
+        hook = AwsBaseHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name, client_type=service)
+        config = Config(retries=dict(DEFAULT_RETRIES)).merge(hook.config)  # the connection's settings win
+        if not automatic_retries:
+            config = config.merge(Config(retries={"mode": "standard", "total_max_attempts": 1}))
+        return hook.get_client_type(region_name=hook.region_name, config=config)
+
+    @property
+    def region(self) -> str:
+        """The region the clients talk to (the option, else the connection's)."""
+        if self.region_name:
+            return self.region_name
+        if self._resolved_region is None:
+            self.get(self.main_service)
+        return self._resolved_region or "us-east-1"
+
+
+def error_code(err: BaseException) -> str:
+    """The service's error code of a botocore ``ClientError`` (``""`` for anything else)."""
+    response = getattr(err, "response", None)
+    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+
+
+def is_throttling(err: BaseException) -> bool:
+    """Whether a botocore error says the service throttled the request."""
+    from botocore.exceptions import ClientError
+
+    return isinstance(err, ClientError) and str(err.response.get("Error", {}).get("Code", "")) in THROTTLING_CODES
+
+
+def may_have_happened(err: BaseException) -> bool:
+    """Whether a request that failed with ``err`` may still have been carried out.
+
+    A definite refusal (HTTP 4xx, other than throttling) did nothing. After throttling, a server
+    error (5xx), a read timeout or a connection closed before the answer, the service may have
+    carried the request out: a SubmitJob must then be looked up before it is sent again.
+    """
+    from botocore.exceptions import ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+
+    if isinstance(err, ClientError):
+        status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        return is_throttling(err) or status >= 500
+    return isinstance(err, (HTTPClientError, BotoConnectionError))
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait after the ``attempt``-th throttled try (full jitter)."""
+    return random.uniform(0, min(MAX_DELAY_S, BASE_DELAY_S * 2**attempt))
+
+
+def call(what: str, fn: Callable[[], T], *, attempts: int = PATIENT_ATTEMPTS, service: str = "AWS Batch") -> T:
+    """Run one API call, backing off while the service throttles it, at most ``attempts`` tries.
+
+    :param service: the service's name in the error (the SageMaker backend shares this module)
+
+    :raises GpuBackendThrottledError: still throttled after the last try
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as err:
+            if not is_throttling(err):
+                raise
+            if attempt == attempts:
+                raise GpuBackendThrottledError(
+                    f"{service} throttled {what} {attempts} times in a row; will try again"
+                ) from err
+            delay = backoff(attempt)
+            log.debug("%s throttled; retrying in %.2fs", what, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
