@@ -47,35 +47,27 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from emulators.core import Faults, RequestLog
+from emulators.kubernetes_pods import (
+    Container,
+    PodRunner,
+    field_value,
+    main_state,
+    now_rfc3339,
+)
 
 logger = logging.getLogger(__name__)
 
-CAPACITY_TYPE = "karpenter.sh/capacity-type"
-NODEPOOL = "karpenter.sh/nodepool"
-INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
-JOB_NAME = "batch.kubernetes.io/job-name"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
-_TICK = 0.05
 _KINDS = {"pods": "Pod", "jobs": "Job", "services": "Service", "events": "Event", "nodes": "Node"}
-
-
-def now_rfc3339(at: float | None = None) -> str:
-    moment = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class ApiError(Exception):
@@ -137,24 +129,15 @@ def label_matcher(selector: str | None) -> Callable[[dict[str, str]], bool]:
     return lambda labels: all(check(labels) for check in checks)
 
 
-def _field(obj: dict[str, Any], path: str) -> str:
-    if path == "source":
-        return str((obj.get("source") or {}).get("component") or "")
-    value: Any = obj
-    for part in path.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
-    return "" if value is None else str(value)
-
-
 def field_matcher(selector: str | None) -> Callable[[dict[str, Any]], bool]:
     checks: list[Callable[[dict[str, Any]], bool]] = []
     for term in _split_terms(selector or ""):
         if "!=" in term:
             path, value = term.split("!=", 1)
-            checks.append(lambda obj, p=path, v=value: _field(obj, p) != v)
+            checks.append(lambda obj, p=path, v=value: field_value(obj, p) != v)
         else:
             path, value = term.replace("==", "=").split("=", 1)
-            checks.append(lambda obj, p=path, v=value: _field(obj, p) == v)
+            checks.append(lambda obj, p=path, v=value: field_value(obj, p) == v)
     return lambda obj: all(check(obj) for check in checks)
 
 
@@ -171,37 +154,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-# --- running containers --------------------------------------------------------------------------------
-
-
-class Container:
-    """The process of one pod's container and its log."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
-        self.log = bytearray()
-        self.lock = threading.Lock()
-        self.reader = threading.Thread(target=self._pump, daemon=True)
-        self.reader.start()
-        self.term_at: float | None = None
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in iter(self.proc.stdout.readline, b""):
-            with self.lock:
-                self.log.extend(line)
-        self.proc.stdout.close()
-
-    def text(self) -> bytes:
-        with self.lock:
-            return bytes(self.log)
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, sig)
-
-
-class KubernetesEmulator:
+class KubernetesEmulator(PodRunner):
     """The fake API server (see the module docstring). Use as a context manager, or start()/stop().
 
     :param job_cwd: working directory of the containers' processes
@@ -558,350 +511,13 @@ class KubernetesEmulator:
             pod = self._obj("pods", namespace, name)
             container = self._containers.get((namespace, name))
             if container is None:
-                waiting = _main_state(pod).get("waiting") or {}
+                waiting = main_state(pod).get("waiting") or {}
                 raise ApiError(
                     400,
                     "BadRequest",
                     f'container "main" in pod "{name}" is waiting to start: {waiting.get("reason", "PodInitializing")}',
                 )
         return container.text()
-
-    # --- the controllers ----------------------------------------------------------------------------
-
-    def _loop(self) -> None:
-        while not self._stop.wait(_TICK):
-            try:
-                with self._lock:
-                    self._step_jobs()
-                    self._step_pods()
-            except Exception:
-                logger.exception("kubernetes emulator: a controller step failed")
-
-    def _step_pods(self) -> None:
-        now = time.time()
-        for key, pod in list(self._store["pods"].items()):
-            status, spec, meta = pod["status"], pod["spec"], pod["metadata"]
-            phase = status.get("phase")
-            container = self._containers.get(key)
-            if key in self._reclaim_at and now >= self._reclaim_at[key] and phase == "Running":
-                del self._reclaim_at[key]
-                self.reclaim(key[1], key[0])
-            if container is not None:
-                if container.proc.poll() is not None:
-                    if meta.get("deletionTimestamp"):
-                        self._remove("pods", key)
-                    elif phase == "Running":
-                        self._finish_pod(key, pod, container.proc.returncode)
-                    continue
-                if meta.get("_kill_at") and now >= meta["_kill_at"]:
-                    container.signal(signal.SIGKILL)
-                if container.term_at and now - container.term_at > self.grace_period:
-                    container.signal(signal.SIGKILL)
-                deadline = spec.get("activeDeadlineSeconds")
-                started = meta.get("_started")
-                if deadline and started and now - started > float(deadline) and not meta.get("_deadline"):
-                    meta["_deadline"] = True
-                    container.signal(signal.SIGKILL)
-                continue
-            if phase != "Pending" or meta.get("deletionTimestamp"):
-                if meta.get("deletionTimestamp"):
-                    self._remove("pods", key)
-                continue
-            if not spec.get("nodeName"):
-                self._schedule(key, pod, now)
-            elif now - self._phase_since.get(key, now) >= self.start_delay:
-                self._start(key, pod, now)
-
-    def _schedule(self, key: tuple[str, str], pod: dict[str, Any], now: float) -> None:
-        selector = pod["spec"].get("nodeSelector") or {}
-        capacity = selector.get(CAPACITY_TYPE, "on-demand")
-        if capacity in self._shortage:
-            self._node_ready.pop(key, None)
-            conditions = pod["status"]["conditions"]
-            if not any(c["type"] == "PodScheduled" for c in conditions):
-                conditions.append(
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": f"0/0 nodes are available; Karpenter: no {capacity} capacity for "
-                        f"{selector.get(NODEPOOL, 'any node pool')} (insufficient capacity)",
-                        "lastTransitionTime": now_rfc3339(),
-                    }
-                )
-                self._touch("pods", pod, "MODIFIED")
-            return
-        ready = self._node_ready.setdefault(key, now + self.node_delay)
-        if now < ready:
-            return
-        node = f"ip-10-0-{len(self._store['nodes']) % 250}-{uuid.uuid4().int % 250}.ec2.internal"
-        labels = {
-            CAPACITY_TYPE: capacity,
-            NODEPOOL: selector.get(NODEPOOL, "default"),
-            INSTANCE_TYPE: selector.get(INSTANCE_TYPE, "g5.xlarge"),
-            GPU_NAME: selector.get(GPU_NAME, "a10g"),
-            "kubernetes.io/hostname": node,
-        }
-        self.create("nodes", "", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": labels}})
-        pod["spec"]["nodeName"] = node
-        pod["status"]["conditions"] = [
-            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()},
-        ]
-        pod["status"]["containerStatuses"] = [
-            {
-                "name": "main",
-                "image": str(pod["spec"]["containers"][0].get("image") or ""),
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "state": {"waiting": {"reason": "ContainerCreating"}},
-            }
-        ]
-        self._phase_since[key] = now
-        self._touch("pods", pod, "MODIFIED")
-
-    def _start(self, key: tuple[str, str], pod: dict[str, Any], now: float) -> None:
-        spec_container = pod["spec"]["containers"][0]
-        image = str(spec_container.get("image") or "")
-        state = _main_state(pod)
-        if image in self.unpullable or "does-not-exist" in image:
-            waiting = state.get("waiting") or {}
-            reason = "ImagePullBackOff" if waiting.get("reason") == "ErrImagePull" else "ErrImagePull"
-            if waiting.get("reason") != reason:
-                message = f'Failed to pull image "{image}": not found'
-                pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": reason, "message": message}}
-                self._touch("pods", pod, "MODIFIED")
-            return
-        try:
-            env = self._env(pod)
-        except KeyError as err:
-            waiting = {"reason": "CreateContainerConfigError", "message": str(err)}
-            if state.get("waiting") != waiting:
-                pod["status"]["containerStatuses"][0]["state"] = {"waiting": waiting}
-                self._touch("pods", pod, "MODIFIED")
-            return
-        command = list(spec_container.get("command") or []) + list(spec_container.get("args") or [])
-        if command and command[0] == "python":  # the image's interpreter: this one (the image is not pulled)
-            command[0] = sys.executable
-        proc = subprocess.Popen(
-            command,
-            cwd=self.job_cwd,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        self._containers[key] = Container(proc)
-        if (pod["spec"].get("nodeSelector") or {}).get(CAPACITY_TYPE) == "spot":
-            for rule in self._reclaim_rules:
-                if rule[2] > 0 and rule[1] in key[1]:
-                    rule[2] -= 1
-                    self._reclaim_at[key] = now + rule[0]
-                    break
-        pod["metadata"]["_started"] = now
-        started = now_rfc3339(now)
-        pod["status"].update({"phase": "Running", "startTime": started, "podIP": "127.0.0.1", "hostIP": "127.0.0.1"})
-        pod["status"]["containerStatuses"][0].update(
-            {"ready": True, "started": True, "state": {"running": {"startedAt": started}}}
-        )
-        pod["status"]["conditions"].append({"type": "Ready", "status": "True", "lastTransitionTime": started})
-        self._touch("pods", pod, "MODIFIED")
-
-    def _env(self, pod: dict[str, Any]) -> dict[str, str]:
-        env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
-        env.setdefault("PYTHONPATH", self.job_cwd)
-        env.update(self.extra_env)
-        meta = pod["metadata"]
-        env["HOSTNAME"] = str(pod["spec"].get("hostname") or meta["name"])
-        for entry in pod["spec"]["containers"][0].get("env") or []:
-            if "value" in entry:
-                value = str(entry["value"])
-            else:
-                source = entry.get("valueFrom") or {}
-                if "fieldRef" in source:
-                    path = source["fieldRef"]["fieldPath"]
-                    found = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
-                    if found:
-                        value = str((meta.get(found.group(1)) or {}).get(found.group(2), ""))
-                    else:
-                        value = _field(pod, path)
-                elif "secretKeyRef" in source:
-                    ref = source["secretKeyRef"]
-                    secret = self.secrets.get((meta["namespace"], ref["name"]))
-                    if secret is None or ref["key"] not in secret:
-                        raise KeyError(f'secret "{ref["name"]}" (key {ref["key"]}) not found')
-                    value = secret[ref["key"]]
-                else:
-                    value = ""
-            # no cluster DNS here: every pod is on this host
-            env[entry["name"]] = "127.0.0.1" if value.endswith(".svc.cluster.local") else value
-        return env
-
-    def _finish_pod(self, key: tuple[str, str], pod: dict[str, Any], code: int | None, *, reason: str = "") -> None:
-        meta, status = pod["metadata"], pod["status"]
-        meta["_failed_at"] = time.time()
-        now = now_rfc3339()
-        started = (_main_state(pod).get("running") or {}).get("startedAt")
-        if code is not None and code < 0:
-            code = 128 - code
-        terminated: dict[str, Any] = {
-            "exitCode": 137 if code is None else code,
-            "reason": "Completed" if code == 0 else "Error",
-            "finishedAt": now,
-        }
-        if started:
-            terminated["startedAt"] = started
-        if meta.get("_deadline"):
-            status.update(
-                {
-                    "phase": "Failed",
-                    "reason": "DeadlineExceeded",
-                    "message": "Pod was active on the node longer than the specified deadline",
-                }
-            )
-        elif meta.get("_disrupted"):
-            status.update({"phase": "Failed", "reason": reason or "", "message": "spot node reclaimed"})
-        else:
-            status["phase"] = "Succeeded" if code == 0 else "Failed"
-        if status.get("containerStatuses"):
-            status["containerStatuses"][0].update({"ready": False, "state": {"terminated": terminated}})
-        self._touch("pods", pod, "MODIFIED")
-
-    def _step_jobs(self) -> None:
-        now = time.time()
-        for key, job in list(self._store["jobs"].items()):
-            meta, spec, status = job["metadata"], job["spec"], job["status"]
-            if meta.get("deletionTimestamp"):
-                if not any(k in self._store["pods"] for k in self._owned_pods(job)):
-                    self._remove("jobs", key)
-                continue
-            if any(c["type"] in ("Complete", "Failed") for c in status.get("conditions") or []):
-                continue
-            status.setdefault("startTime", now_rfc3339(now))
-            meta.setdefault("_started", now)
-            pods = [self._store["pods"][k] for k in self._owned_pods(job)]
-            by_index: dict[int, list[dict[str, Any]]] = {}
-            for pod in pods:
-                by_index.setdefault(int(pod["metadata"]["annotations"][COMPLETION_INDEX]), []).append(pod)
-            ignored = {p["metadata"]["name"] for p in pods if p["metadata"].get("_ignored")}
-            for pod in pods:
-                candidate = pod["status"].get("phase") == "Failed" and pod["metadata"]["name"] not in ignored
-                if candidate and self._failure_verdict(job, pod) is None:  # an Ignore rule: replaced, not counted
-                    pod["metadata"]["_ignored"] = True
-                    ignored.add(pod["metadata"]["name"])
-            by_index = {i: [p for p in ps if p["metadata"]["name"] not in ignored] for i, ps in by_index.items()}
-            by_index = {i: ps for i, ps in by_index.items() if ps}
-            failed = [p for p in pods if p["status"].get("phase") == "Failed" and p["metadata"]["name"] not in ignored]
-            done = {i for i, ps in by_index.items() if any(p["status"].get("phase") == "Succeeded" for p in ps)}
-            changed = status.get("failed", 0) != len(failed) or status.get("succeeded", 0) != len(done)
-            status["active"] = sum(1 for p in pods if p["status"].get("phase") in ("Pending", "Running"))
-            status["failed"], status["succeeded"] = len(failed), len(done)
-            deadline = spec.get("activeDeadlineSeconds")
-            verdict: tuple[str, str] | None = None
-            if failed:
-                # the controller handles failures as they come: the first pod to fail decides
-                first = min(failed, key=lambda p: (p["metadata"].get("_failed_at", 0.0), p["metadata"]["name"]))
-                verdict = self._failure_verdict(job, first) or ("BackoffLimitExceeded", "")
-            elif deadline and now - meta["_started"] > float(deadline):
-                verdict = ("DeadlineExceeded", "Job was active longer than specified deadline")
-            if verdict is not None:
-                stamp = now_rfc3339(now)
-                status["conditions"] = [
-                    {
-                        "type": "FailureTarget",
-                        "status": "True",
-                        "reason": verdict[0],
-                        "message": verdict[1],
-                        "lastTransitionTime": stamp,
-                    },
-                    {
-                        "type": "Failed",
-                        "status": "True",
-                        "reason": verdict[0],
-                        "message": verdict[1],
-                        "lastTransitionTime": stamp,
-                    },
-                ]
-                for pod in pods:
-                    if pod["status"].get("phase") in ("Pending", "Running"):
-                        self._delete("pods", (pod["metadata"]["namespace"], pod["metadata"]["name"]), "Background")
-                self._touch("jobs", job, "MODIFIED")
-                continue
-            if len(done) >= int(spec["completions"]):
-                stamp = now_rfc3339(now)
-                status["completionTime"] = stamp
-                status["conditions"] = [
-                    {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": stamp},
-                    {"type": "Complete", "status": "True", "lastTransitionTime": stamp},
-                ]
-                self._touch("jobs", job, "MODIFIED")
-                continue
-            for index in range(int(spec["completions"])):
-                if index not in by_index:
-                    self._create_job_pod(job, index)
-                    changed = True
-            if changed:
-                self._touch("jobs", job, "MODIFIED")
-
-    def _failure_verdict(self, job: dict[str, Any], pod: dict[str, Any]) -> tuple[str, str] | None:
-        """How the Job controller takes a failed pod: (reason, message) of the Job's failure, ``None``
-        when an ``Ignore`` rule matches (the pod is replaced and not counted)."""
-        name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
-        code = (_main_state(pod).get("terminated") or {}).get("exitCode")
-        for i, rule in enumerate((job["spec"].get("podFailurePolicy") or {}).get("rules") or []):
-            matched = ""
-            for wanted in rule.get("onPodConditions") or []:
-                if any(
-                    c["type"] == wanted["type"] and c.get("status") == wanted.get("status", "True")
-                    for c in pod["status"].get("conditions") or []
-                ):
-                    matched = f"Pod {name} has condition {wanted['type']} matching {rule['action']} rule at index {i}"
-            codes = rule.get("onExitCodes")
-            if codes and code is not None and not pod["metadata"].get("_disrupted"):
-                inside = code in codes["values"]
-                if inside == (codes["operator"] == "In"):
-                    matched = (
-                        f"Container main for pod {name} failed with exit code {code} matching {rule['action']} "
-                        f"rule at index {i}"
-                    )
-            if matched and rule["action"] == "FailJob":
-                return "PodFailurePolicy", matched
-            if matched and rule["action"] == "Ignore":
-                return None
-        return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
-
-    def _create_job_pod(self, job: dict[str, Any], index: int) -> None:
-        meta, template = job["metadata"], job["spec"]["template"]
-        name = meta["name"]
-        labels = dict((template.get("metadata") or {}).get("labels") or {})
-        labels.update({JOB_NAME: name, "job-name": name, COMPLETION_INDEX: str(index), "controller-uid": meta["uid"]})
-        annotations = dict((template.get("metadata") or {}).get("annotations") or {})
-        annotations[COMPLETION_INDEX] = str(index)
-        spec = copy.deepcopy(template["spec"])
-        spec["hostname"] = f"{name}-{index}"
-        spec["containers"][0].setdefault("env", []).append({"name": "JOB_COMPLETION_INDEX", "value": str(index)})
-        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": meta["uid"], "controller": True}
-        self.create(
-            "pods",
-            meta["namespace"],
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {
-                    "name": f"{name}-{index}-{uuid.uuid4().hex[:5]}",
-                    "labels": labels,
-                    "annotations": annotations,
-                    "ownerReferences": [owner],
-                },
-                "spec": spec,
-            },
-        )
-
-
-def _main_state(pod: dict[str, Any]) -> dict[str, Any]:
-    statuses = pod["status"].get("containerStatuses") or [{}]
-    return statuses[0].get("state") or {}
 
 
 def _public(obj: dict[str, Any]) -> dict[str, Any]:

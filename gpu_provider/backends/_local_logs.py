@@ -123,3 +123,23 @@ def read_log(path: Path, cursor: str | None, max_bytes: int, limit: int = MAX_LO
         next_cursor = str(line_start) if pos == line_start or len(head) < hold else f"{line_start}/{pos}/{counted}"
         more = stopped and os.fstat(fh.fileno()).st_size > pos
     return LogChunk(lines=lines, cursor=next_cursor, more=more)
+
+
+#: how much of the end of a job's log :func:`read_tail` reads
+TAIL_BYTES = 64 * 1024
+
+
+def read_tail(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` complete lines of a log file, from its last :data:`TAIL_BYTES` (each cut by
+    :func:`~gpu_provider.backends.base.clip_line`); ``[]`` when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - TAIL_BYTES))
+            data = f.read(TAIL_BYTES)
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace").splitlines()
+    if len(data) == TAIL_BYTES and size > TAIL_BYTES:
+        text = text[1:]  # the first line was cut by the seek
+    return [clip_line(line) for line in text[-lines:]] if lines > 0 else []

@@ -10,8 +10,10 @@ import math
 import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from gpu_provider.backends.base import provider_config
 from gpu_provider.job import MAX_DURATION_S, safe_repr
 
 #: user names ``run_as_user`` accepts (what ``useradd`` accepts; no path or option characters)
@@ -152,3 +154,17 @@ def resolve_run_as(user: str | None) -> dict[str, Any] | None:
         "groups": sorted(set(os.getgrouplist(entry.pw_name, entry.pw_gid))),
         "home": entry.pw_dir,
     }
+
+
+def default_run_as_user() -> str | None:
+    """``[gpu_provider] local_run_as_user`` from the Airflow config, else ``None`` (the worker's user)."""
+    return provider_config("local_run_as_user") or None
+
+
+def default_state_dir() -> Path:
+    """``[gpu_provider] local_state_dir`` from the Airflow config, else ``$AIRFLOW_HOME/gpu_provider/local``."""
+    configured = provider_config("local_state_dir")
+    if configured:
+        return Path(configured).expanduser().absolute()
+    home = os.environ.get("AIRFLOW_HOME") or "~/airflow"
+    return (Path(home).expanduser() / "gpu_provider" / "local").absolute()

@@ -34,7 +34,6 @@ import contextlib
 import errno
 import json
 import logging
-import math
 import os
 import secrets
 import shutil
@@ -55,8 +54,10 @@ import gpu_provider
 from gpu_provider import names
 from gpu_provider.backends import _local_common as common
 from gpu_provider.backends._local_gpus import detect_gpus, gpu_seconds
-from gpu_provider.backends._local_logs import read_log
+from gpu_provider.backends._local_logs import read_log, read_tail
 from gpu_provider.backends._local_options import (
+    default_run_as_user,
+    default_state_dir,
     parse_gpus,
     parse_run_as_user,
     parse_simulate_preemptions,
@@ -76,10 +77,8 @@ from gpu_provider.backends.base import (
     OwnedJob,
     PollResult,
     TaskKey,
-    clip_line,
     lookup_key,
     map_state,
-    provider_config,
 )
 from gpu_provider.exceptions import GpuJobElsewhereError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources
@@ -102,8 +101,6 @@ STATE_TABLE: dict[str, JobState] = {
 
 #: a supervisor that has not recorded its pid this long after submit is taken as never started
 _SUPERVISOR_START_TIMEOUT_S = 60.0
-#: a folder left by a submit that died before finishing it (``jobs/.new-*``) is removed after this long
-_STALE_NEW_DIR_S = 3600.0
 
 # Verdicts on jobs whose supervisor vanished, when status.json could not be written (disk full): the
 # same answer on every poll. A plain dict, no lock: cancel() may run in a signal handler.
@@ -112,11 +109,6 @@ _orphans: dict[str, dict[str, Any]] = {}
 # Things logged once per process, not once per job (a worker running many jobs would repeat them).
 _logged_once: set[str] = set()
 _logged_once_lock = threading.Lock()
-
-# When each state directory was last pruned of old job folders (by this process).
-_pruned_at: dict[str, float] = {}
-_pruned_lock = threading.Lock()
-_PRUNE_EVERY_S = 600.0
 
 # Supervisors this process started: polled now and then so finished ones are reaped, not left as zombies.
 _children: list[subprocess.Popen[bytes]] = []
@@ -134,24 +126,6 @@ def _log_once(key: str, message: str, *args: Any) -> None:
 def _reap_children() -> None:
     with _children_lock:
         _children[:] = [p for p in _children if p.poll() is None]
-
-
-def default_run_as_user() -> str | None:
-    """``[gpu_provider] local_run_as_user`` from the Airflow config, else ``None`` (the worker's user)."""
-    return provider_config("local_run_as_user") or None
-
-
-def default_state_dir() -> Path:
-    """``[gpu_provider] local_state_dir`` from the Airflow config, else ``$AIRFLOW_HOME/gpu_provider/local``."""
-    configured = provider_config("local_state_dir")
-    if configured:
-        return Path(configured).expanduser().absolute()
-    home = os.environ.get("AIRFLOW_HOME") or "~/airflow"
-    return (Path(home).expanduser() / "gpu_provider" / "local").absolute()
-
-
-#: how much of the end of a job's log :meth:`LocalBackend.output_tail` reads
-_TAIL_BYTES = 64 * 1024
 
 
 def this_host() -> str:
@@ -435,7 +409,7 @@ class LocalBackend(Backend):
         if existing is not None:
             log.info("local job %s exists already (submitted before): adopting it", existing.job_id)
             return existing
-        self._prune_now_and_then()
+        common.prune_now_and_then(self.state_dir, self.prune)
         spot_index = self._previous_spot_attempts(identity.task) if request.capacity == names.SPOT else None
         preempt_after = (
             self.simulate_preemptions[spot_index]
@@ -901,63 +875,7 @@ class LocalBackend(Backend):
         ``jobs/`` itself. Only folders that are really gone afterwards are reported. Jobs still
         running, or whose state cannot be read, are never touched.
         """
-        jobs = self._jobs_dir()
-        if self.retention_days <= 0:
-            return []
-        wall = time.time() if now is None else now
-        cutoff = wall - self.retention_days * 86400
-        try:
-            jobs_fd = os.open(jobs, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except FileNotFoundError:
-            return []
-        except OSError as err:  # ELOOP / ENOTDIR: a link or a file where jobs/ should be
-            log.warning("not pruning %s: it is a symbolic link or not a folder (%s)", jobs, err)
-            return []
-        removed: list[str] = []
-        try:
-            for entry in list(os.scandir(jobs_fd)):
-                if not entry.is_dir(follow_symlinks=False):
-                    continue  # links are not ours to follow or remove
-                if entry.name.startswith("."):
-                    # a folder a submit was writing when it died (never renamed into place: no process)
-                    stale = entry.stat(follow_symlinks=False).st_mtime < wall - _STALE_NEW_DIR_S
-                    if entry.name.startswith(".new-") and stale:
-                        common.remove_tree_at(jobs_fd, entry.name)
-                    continue
-                status = common.read_json_at(jobs_fd, entry.name, common.STATUS_FILE) or {}
-                ended_at = status.get("ended_at")
-                if not (
-                    status.get("state") in common.TERMINAL_STATES
-                    and isinstance(ended_at, (int, float))
-                    and ended_at < cutoff
-                ):
-                    continue
-                common.remove_tree_at(jobs_fd, entry.name)
-                try:
-                    os.lstat(entry.name, dir_fd=jobs_fd)
-                except FileNotFoundError:
-                    removed.append(entry.name)
-                else:
-                    log.warning("could not remove the folder of local job %s in %s completely", entry.name, jobs)
-        finally:
-            os.close(jobs_fd)
-        if removed:
-            log.info(
-                "removed %d local job folder(s) older than %g days from %s", len(removed), self.retention_days, jobs
-            )
-        return removed
-
-    def _prune_now_and_then(self) -> None:
-        key = str(self.state_dir)
-        now = time.monotonic()
-        with _pruned_lock:
-            if now - _pruned_at.get(key, -math.inf) < _PRUNE_EVERY_S:
-                return
-            _pruned_at[key] = now
-        try:
-            self.prune()
-        except OSError as err:  # housekeeping must never fail a submission
-            log.warning("could not prune old local jobs in %s: %s", key, err)
+        return common.prune_jobs(self._jobs_dir(), self.retention_days, time.time() if now is None else now)
 
     def job_pids(self, handle: JobHandle) -> list[int]:
         """Pids of the job's node processes (each leads its own process group), in rank order.
@@ -982,15 +900,4 @@ class LocalBackend(Backend):
 
     def output_tail(self, handle: JobHandle, lines: int = 20) -> list[str]:
         """The last ``lines`` complete lines of ``job.log``, from its last 64 KiB (each cut like every log line)."""
-        path = self._job_dir(handle) / common.LOG_FILE
-        try:
-            with open(path, "rb") as f:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - _TAIL_BYTES))
-                data = f.read(_TAIL_BYTES)
-        except OSError:
-            return []
-        text = data.decode("utf-8", errors="replace").splitlines()
-        if len(data) == _TAIL_BYTES and size > _TAIL_BYTES:
-            text = text[1:]  # the first line was cut by the seek
-        return [clip_line(line) for line in text[-lines:]] if lines > 0 else []
+        return read_tail(self._job_dir(handle) / common.LOG_FILE, lines)

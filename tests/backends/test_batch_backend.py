@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpu_provider import names
+from gpu_provider.backends.aws import calls as batch_calls
 from gpu_provider.backends.base import (
     MAX_LOG_LINE_CHARS,
     JobHandle,
@@ -27,7 +28,6 @@ from gpu_provider.backends.base import (
     TaskKey,
 )
 from gpu_provider.backends.batch import CANCEL_PREFIX, BatchBackend
-from gpu_provider.backends.batch import calls as batch_calls
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobStatusError
 from gpu_provider.job import GpuResources
 from tests.batch_world import BatchWorld

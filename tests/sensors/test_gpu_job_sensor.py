@@ -20,6 +20,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from gpu_provider import names
+from gpu_provider.backends.aws import calls as batch_calls
 from gpu_provider.backends.base import (
     JobHandle,
     JobIdentity,
@@ -30,7 +31,6 @@ from gpu_provider.backends.base import (
     registered_backends,
 )
 from gpu_provider.backends.batch import BatchBackend
-from gpu_provider.backends.batch import calls as batch_calls
 from gpu_provider.backends.local import LocalBackend
 from gpu_provider.job import GpuResources
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY

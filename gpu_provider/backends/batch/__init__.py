@@ -2,9 +2,10 @@
 on-demand attempts on another.
 
 * :mod:`~gpu_provider.backends.batch.backend`: :class:`BatchBackend` (options, requests, the contract);
-* :mod:`~gpu_provider.backends.batch.mapping`: what Batch's states and status reasons mean;
-* :mod:`~gpu_provider.backends.batch.calls`: clients, the throttling backoff, calls safe in a signal handler;
-* :mod:`~gpu_provider.backends.batch.logs`: CloudWatch log streams read from a cursor in bounded chunks.
+* :mod:`~gpu_provider.backends.batch.mapping`: what Batch's states and status reasons mean.
+
+Clients, the throttling backoff and CloudWatch log reading are shared with SageMaker
+(:mod:`gpu_provider.backends.aws`).
 
 Nothing here imports boto3 until a client is needed.
 """

@@ -28,6 +28,17 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpu_provider import names
+from gpu_provider.backends.aws.calls import (
+    PATIENT_ATTEMPTS,
+    POLL_ATTEMPTS,
+    Clients,
+    backoff,
+    call,
+    error_code,
+    is_throttling,
+    may_have_happened,
+)
+from gpu_provider.backends.aws.logs import LogCursor, StreamNotFoundError, log_chunk, read_streams
 from gpu_provider.backends.base import (
     LOG_READ_BYTES,
     Backend,
@@ -45,20 +56,9 @@ from gpu_provider.backends.base import (
     clip_line,
     lookup_key,
     map_state,
-    provider_config,
     task_from_tags,
 )
-from gpu_provider.backends.batch.calls import (
-    PATIENT_ATTEMPTS,
-    POLL_ATTEMPTS,
-    Clients,
-    backoff,
-    call,
-    is_throttling,
-    may_have_happened,
-    run_bounded,
-)
-from gpu_provider.backends.batch.logs import LogCursor, StreamNotFoundError, log_chunk, read_streams
+from gpu_provider.backends.batch import options
 from gpu_provider.backends.batch.mapping import (
     CANCEL_PREFIX,
     STATE_TABLE,
@@ -74,6 +74,7 @@ from gpu_provider.backends.batch.mapping import (
     unrunnable,
     unrunnable_reason,
 )
+from gpu_provider.backends.common import run_bounded, text_option
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 
@@ -111,16 +112,6 @@ MULTI_NODE_ENTRY = (
 
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
 _SHARE_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
-#: a Batch fair-share identifier of a job (a scheduling policy may add a trailing '*', a job may not)
-_SHARE_IDENTIFIER = re.compile(r"[A-Za-z0-9_]{1,255}")
-#: what ``team=`` accepts (the operator's rule): the keys of ``share_identifiers``
-_TEAM = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-
-
-def _error_code(err: BaseException) -> str:
-    """The service's error code of a botocore ``ClientError`` (``""`` for anything else)."""
-    response = getattr(err, "response", None)
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
 
 
 def _owned_by(job: Mapping[str, Any], task: TaskKey) -> bool:
@@ -130,48 +121,6 @@ def _owned_by(job: Mapping[str, Any], task: TaskKey) -> bool:
         tags.get(names.TAG_DAG_ID, task.dag_id[:256]) == task.dag_id[:256]
         and tags.get(names.TAG_TASK_ID, task.task_id[:256]) == task.task_id[:256]
     )
-
-
-def _parse_share_identifiers(value: Any) -> dict[str, str]:
-    """The ``share_identifiers`` option (a mapping, or JSON text), else ``[gpu_provider] batch_share_identifiers``."""
-    where = "share_identifiers"
-    if value is None or (isinstance(value, str) and not value.strip()):
-        value, where = provider_config("batch_share_identifiers"), "[gpu_provider] batch_share_identifiers"
-        if not value:
-            return {}
-    allowed = 'a mapping of team names to Batch share identifiers, e.g. {"team-a": "teamA"} (or that as JSON)'
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError(f"{where} must be {allowed}; got text that is not JSON") from None
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{where} must be {allowed}; got JSON {type(value).__name__}")
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{where} ({type(value).__name__}) must be {allowed}")
-    out: dict[str, str] = {}
-    for team, share in value.items():
-        if not isinstance(team, str) or not _TEAM.fullmatch(team):
-            raise ValueError(
-                f"{where} key {team!r} is not a team name (what team= accepts: lower-case letters, digits, '-' "
-                "or '_', 1-63 characters)"
-            )
-        if not isinstance(share, str) or not _SHARE_IDENTIFIER.fullmatch(share):
-            raise ValueError(
-                f"{where}[{team!r}]={share!r} must be 1-255 letters, digits or underscores (a Batch fair-share "
-                "identifier, as in the queue's scheduling policy)"
-            )
-        out[team] = share
-    return out
-
-
-def _text_option(option: str, value: Any, *, config_key: str | None = None, default: str | None = None) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"{option}={value!r} ({type(value).__name__}) must be a string")
-    text = (value or "").strip()
-    if not text and config_key:
-        text = provider_config(config_key)
-    return text or default
 
 
 class BatchBackend(Backend):
@@ -237,29 +186,29 @@ class BatchBackend(Backend):
         master_port: int | str = DEFAULT_MASTER_PORT,
         multi_node_entry: bool | str = True,
     ) -> None:
-        self.spot_queue = _text_option("spot_queue", spot_queue, config_key="batch_spot_queue")
-        self.on_demand_queue = _text_option("on_demand_queue", on_demand_queue, config_key="batch_on_demand_queue")
-        self.aws_conn_id = _text_option(
+        self.spot_queue = text_option("spot_queue", spot_queue, config_key="batch_spot_queue")
+        self.on_demand_queue = text_option("on_demand_queue", on_demand_queue, config_key="batch_on_demand_queue")
+        self.aws_conn_id = text_option(
             "aws_conn_id", aws_conn_id, config_key="batch_aws_conn_id", default="aws_default"
         )
-        self.region_name = _text_option("region_name", region_name, config_key="batch_region")
-        self.job_role_arn = _text_option("job_role_arn", job_role_arn, config_key="batch_job_role_arn")
-        self.execution_role_arn = _text_option(
+        self.region_name = text_option("region_name", region_name, config_key="batch_region")
+        self.job_role_arn = text_option("job_role_arn", job_role_arn, config_key="batch_job_role_arn")
+        self.execution_role_arn = text_option(
             "execution_role_arn", execution_role_arn, config_key="batch_execution_role_arn"
         )
-        self.secrets = self._parse_secrets(secrets)
-        self.log_group: str = _text_option("log_group", log_group, config_key="batch_log_group") or DEFAULT_LOG_GROUP
-        share = _text_option(
+        self.secrets = options.secrets(secrets)
+        self.log_group: str = text_option("log_group", log_group, config_key="batch_log_group") or DEFAULT_LOG_GROUP
+        share = text_option(
             "share_identifier", share_identifier, config_key="batch_share_identifier", default="default"
         )
         assert share is not None
-        if not _SHARE_IDENTIFIER.fullmatch(share):
+        if not options.SHARE_IDENTIFIER.fullmatch(share):
             raise ValueError(
                 f"share_identifier={share!r} must be 1-255 letters, digits or underscores "
                 "(a Batch fair-share identifier)"
             )
         self.share_identifier = share
-        self.share_identifiers = _parse_share_identifiers(share_identifiers)
+        self.share_identifiers = options.share_identifiers(share_identifiers)
         try:
             port = int(str(master_port).strip())
         except ValueError:
@@ -274,33 +223,6 @@ class BatchBackend(Backend):
         # runs in a signal handler and must never wait for one
         self._fair_share: dict[str, bool] = {}
         self._definitions: dict[str, str] = {}
-
-    @staticmethod
-    def _parse_secrets(secrets: Any) -> dict[str, str]:
-        if secrets is None or secrets == "":
-            return {}
-        if isinstance(secrets, str):
-            try:
-                secrets = json.loads(secrets)
-            except json.JSONDecodeError:
-                raise ValueError(
-                    "secrets must be a mapping of variable names to Secrets Manager or SSM ARNs "
-                    '(as a dict, or JSON text like {"HF_TOKEN": "arn:aws:secretsmanager:..."})'
-                ) from None
-        if not isinstance(secrets, Mapping):
-            raise TypeError(f"secrets ({type(secrets).__name__}) must be a mapping of variable names to ARNs")
-        out = {}
-        for key, value in secrets.items():
-            if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                raise ValueError(f"secrets key {key!r} is not a valid environment variable name")
-            if not isinstance(value, str) or not value.startswith("arn:"):
-                # an ARN is not secret, but a value passed here by mistake might be: do not echo it
-                raise ValueError(
-                    f"secrets[{key!r}] must be the ARN of a Secrets Manager secret or SSM parameter "
-                    "(arn:aws:...), not the secret itself"
-                )
-            out[key] = value
-        return out
 
     # --- configuration -------------------------------------------------------------------------
 
@@ -720,7 +642,7 @@ class BatchBackend(Backend):
         )
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
-        """TerminateJob with ``reason``; from a SIGTERM handler too (see :func:`~.calls.run_bounded`)."""
+        """TerminateJob with ``reason``; from a SIGTERM handler too (see :func:`~.common.run_bounded`)."""
         run_bounded(f"TerminateJob {handle.job_id}", lambda: self._terminate(handle.job_id, reason))
 
     def _terminate(self, job_id: str, reason: str) -> None:
@@ -879,7 +801,7 @@ class BatchBackend(Backend):
         return streams, len(streams) == len(ids)
 
     def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = LOG_READ_BYTES) -> LogChunk:
-        """Lines of the attempt's CloudWatch stream(s) after ``cursor`` (see :mod:`~.batch.logs`)."""
+        """Lines of the attempt's CloudWatch stream(s) after ``cursor`` (see :mod:`~gpu_provider.backends.aws.logs`)."""
         state = LogCursor.load(cursor)
         streams = state.streams
         if not streams:  # not all known yet: ask Batch (one DescribeJobs), and keep them once complete
@@ -894,7 +816,7 @@ class BatchBackend(Backend):
             try:
                 return call("GetLogEvents", lambda: client.get_log_events(**kwargs), attempts=POLL_ATTEMPTS)
             except Exception as err:
-                if _error_code(err) == "ResourceNotFoundException":
+                if error_code(err) == "ResourceNotFoundException":
                     raise StreamNotFoundError(str(kwargs["logStreamName"])) from err
                 raise
 
@@ -919,7 +841,7 @@ class BatchBackend(Backend):
                     attempts=POLL_ATTEMPTS,
                 )
             except Exception as err:
-                if _error_code(err) == "ResourceNotFoundException":
+                if error_code(err) == "ResourceNotFoundException":
                     continue
                 raise
             for event in page.get("events") or []:

@@ -39,9 +39,9 @@ from gpu_provider.backends.base import (
     clip_line,
     lookup_key,
     map_state,
-    provider_config,
 )
-from gpu_provider.backends.batch.calls import run_bounded
+from gpu_provider.backends.common import run_bounded, text_option
+from gpu_provider.backends.kubernetes import options
 from gpu_provider.backends.kubernetes.calls import (
     PATIENT_ATTEMPTS,
     POLL_ATTEMPTS,
@@ -68,7 +68,6 @@ from gpu_provider.backends.kubernetes.manifests import (
     is_dns1123_subdomain,
     job_manifests,
     label_key_problem,
-    label_value_problem,
     map_index_label,
     pod_manifest,
 )
@@ -104,42 +103,6 @@ DEFAULT_TTL_AFTER_FINISHED_S = 3600
 LIST_PAGE = 500
 POD, JOB = "Pod", "Job"
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
-_SECRET_REF = re.compile(r"([a-z0-9][-a-z0-9.]*)/([-._a-zA-Z0-9]+)")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _text(option: str, value: Any, config_key: str, default: str | None = None) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"{option}={value!r} ({type(value).__name__}) must be a string")
-    return (value or "").strip() or provider_config(config_key) or default
-
-
-def _json_option(option: str, value: Any, config_key: str, kind: type, allowed: str) -> Any:
-    where = option
-    if value is None or (isinstance(value, str) and not value.strip()):
-        value, where = provider_config(config_key), f"[gpu_provider] {config_key}"
-        if not value:
-            return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError(f"{where} must be {allowed}; got text that is not JSON") from None
-    if not isinstance(value, kind):
-        raise ValueError(f"{where} must be {allowed}; got {type(value).__name__}")
-    return value
-
-
-def _number(option: str, value: Any, config_key: str, default: float) -> float:
-    if value is None or value == "":
-        value = provider_config(config_key) or default
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = -1.0
-    if not 0 < number < 10**9:
-        raise ValueError(f"{option}={value!r} must be a positive number of seconds")
-    return number
 
 
 def _now_rfc3339() -> str:
@@ -211,36 +174,40 @@ class KubernetesBackend(Backend):
         master_port: int | str = DEFAULT_MASTER_PORT,
         ttl_after_finished: int | str | None = None,
     ) -> None:
-        self.kubernetes_conn_id = _text(
-            "kubernetes_conn_id", kubernetes_conn_id, "kubernetes_conn_id", "kubernetes_default"
+        self.kubernetes_conn_id = text_option(
+            "kubernetes_conn_id", kubernetes_conn_id, config_key="kubernetes_conn_id", default="kubernetes_default"
         )
-        self.namespace: str = _text("namespace", namespace, "kubernetes_namespace", DEFAULT_NAMESPACE) or ""
+        self.namespace: str = (
+            text_option("namespace", namespace, config_key="kubernetes_namespace", default=DEFAULT_NAMESPACE) or ""
+        )
         if not is_dns1123_label(self.namespace):
             raise ValueError(f"namespace={self.namespace!r} must be a DNS-1123 label (a Kubernetes namespace name)")
-        self.spot_node_pool = self._pool(
+        self.spot_node_pool = options.node_pool(
             "spot_node_pool", spot_node_pool, "kubernetes_spot_node_pool", DEFAULT_SPOT_NODE_POOL
         )
-        self.on_demand_node_pool = self._pool(
+        self.on_demand_node_pool = options.node_pool(
             "on_demand_node_pool", on_demand_node_pool, "kubernetes_on_demand_node_pool", DEFAULT_ON_DEMAND_NODE_POOL
         )
-        self.service_account = _text("service_account", service_account, "kubernetes_service_account")
-        self.image_pull_secrets = self._names("image_pull_secrets", image_pull_secrets, "kubernetes_image_pull_secrets")
-        self.priority_classes = self._priority_classes(priority_classes)
-        self.node_selector = self._node_selector(node_selector)
-        self.tolerations = self._tolerations(tolerations)
-        self.secrets = self._secrets(secrets)
-        self.startup_timeout = _number(
+        self.service_account = text_option("service_account", service_account, config_key="kubernetes_service_account")
+        self.image_pull_secrets = options.secret_names(
+            "image_pull_secrets", image_pull_secrets, "kubernetes_image_pull_secrets"
+        )
+        self.priority_classes = options.priority_classes(priority_classes, DEFAULT_PRIORITY_CLASSES)
+        self.node_selector = options.node_selector(node_selector)
+        self.tolerations = options.tolerations(tolerations)
+        self.secrets = options.secret_refs(secrets)
+        self.startup_timeout = options.seconds(
             "startup_timeout", startup_timeout, "kubernetes_startup_timeout", DEFAULT_STARTUP_TIMEOUT_S
         )
-        self.fractional_gpu_resource = _text(
-            "fractional_gpu_resource", fractional_gpu_resource, "kubernetes_fractional_gpu_resource"
+        self.fractional_gpu_resource = text_option(
+            "fractional_gpu_resource", fractional_gpu_resource, config_key="kubernetes_fractional_gpu_resource"
         )
         if self.fractional_gpu_resource and label_key_problem(self.fractional_gpu_resource):
             raise ValueError(
                 f"fractional_gpu_resource={self.fractional_gpu_resource!r} is not a resource name "
                 "(e.g. nvidia.com/mig-1g.10gb or nvidia.com/gpu.shared)"
             )
-        self.dashboard_url = _text("dashboard_url", dashboard_url, "kubernetes_dashboard_url")
+        self.dashboard_url = text_option("dashboard_url", dashboard_url, config_key="kubernetes_dashboard_url")
         try:
             port = int(str(master_port).strip())
         except ValueError:
@@ -249,90 +216,11 @@ class KubernetesBackend(Backend):
             raise ValueError(f"master_port={master_port!r} must be a TCP port number (1-65535)")
         self.master_port = port
         self.ttl_after_finished = int(
-            _number(
+            options.seconds(
                 "ttl_after_finished", ttl_after_finished, "kubernetes_ttl_after_finished", DEFAULT_TTL_AFTER_FINISHED_S
             )
         )
         self._api = Api(self.kubernetes_conn_id or "kubernetes_default")
-
-    # --- options ------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _pool(option: str, value: Any, config_key: str, default: str) -> str:
-        text = _text(option, value, config_key, default) or default
-        if text == "-":
-            return ""
-        if label_value_problem(text):
-            raise ValueError(f"{option}={text!r} is not a NodePool name (a label value: <= 63 letters, digits, '-')")
-        return text
-
-    @staticmethod
-    def _names(option: str, value: Any, config_key: str) -> tuple[str, ...]:
-        if value is None or value == "":
-            value = provider_config(config_key)
-        items = [v.strip() for v in value.split(",")] if isinstance(value, str) else list(value)
-        out = tuple(v for v in items if v)
-        for item in out:
-            if not isinstance(item, str) or not is_dns1123_subdomain(item):
-                raise ValueError(f"{option}: {item!r} is not a Secret name (a DNS-1123 subdomain)")
-        return out
-
-    @staticmethod
-    def _priority_classes(value: Any) -> dict[str, int]:
-        allowed = 'a mapping of PriorityClass names to the lowest priority= each gets, e.g. {"gpu-high": 100}'
-        found = _json_option("priority_classes", value, "kubernetes_priority_classes", Mapping, allowed)
-        if found is None:
-            return dict(DEFAULT_PRIORITY_CLASSES)
-        out: dict[str, int] = {}
-        for name, bound in found.items():
-            if not isinstance(name, str) or not is_dns1123_subdomain(name):
-                raise ValueError(f"priority_classes key {name!r} is not a PriorityClass name (DNS-1123 subdomain)")
-            if isinstance(bound, bool) or not isinstance(bound, int):
-                raise ValueError(f"priority_classes[{name!r}]={bound!r} must be an integer priority bound")
-            out[name] = bound
-        return out
-
-    @staticmethod
-    def _node_selector(value: Any) -> dict[str, str]:
-        allowed = 'a mapping of node labels to values, e.g. {"team": "ml"} (or that as JSON)'
-        found = _json_option("node_selector", value, "kubernetes_node_selector", Mapping, allowed) or {}
-        for key, label in found.items():
-            why = label_key_problem(str(key)) or label_value_problem(str(label))
-            if why or not isinstance(label, str):
-                raise ValueError(f"node_selector[{key!r}]={label!r}: {why or 'values are strings'}")
-        return dict(found)
-
-    @staticmethod
-    def _tolerations(value: Any) -> list[dict[str, Any]]:
-        allowed = (
-            'a list of tolerations, e.g. [{"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]'
-        )
-        found = _json_option("tolerations", value, "kubernetes_tolerations", list, allowed) or []
-        known = {"key", "operator", "value", "effect", "tolerationSeconds"}
-        for i, toleration in enumerate(found):
-            if not isinstance(toleration, Mapping) or set(toleration) - known:
-                raise ValueError(f"tolerations[{i}]={toleration!r}: each is a mapping with keys from {sorted(known)}")
-            if toleration.get("operator", "Equal") not in ("Equal", "Exists"):
-                raise ValueError(f"tolerations[{i}].operator={toleration.get('operator')!r}: allowed: Equal, Exists")
-        return [dict(t) for t in found]
-
-    @staticmethod
-    def _secrets(value: Any) -> dict[str, tuple[str, str]]:
-        allowed = 'a mapping of variable names to "secret-name/key" of Kubernetes Secrets (or that as JSON)'
-        found = _json_option("secrets", value, "kubernetes_secrets", Mapping, allowed) or {}
-        out = {}
-        for var, ref in found.items():
-            if not isinstance(var, str) or not _ENV_NAME.fullmatch(var):
-                raise ValueError(f"secrets key {var!r} is not a valid environment variable name")
-            match = _SECRET_REF.fullmatch(ref) if isinstance(ref, str) else None
-            if match is None:
-                # a value passed here by mistake might be the secret itself: do not echo it
-                raise ValueError(
-                    f"secrets[{var!r}] must name a Kubernetes Secret and its key as 'secret-name/key', "
-                    "not hold the secret itself"
-                )
-            out[var] = (match.group(1), match.group(2))
-        return out
 
     def options(self) -> dict[str, Any]:
         return {

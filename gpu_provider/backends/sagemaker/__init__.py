@@ -4,8 +4,7 @@
 * :mod:`~gpu_provider.backends.sagemaker.mapping`: what SageMaker's states mean, the instance table.
 
 Clients, throttling backoff and CloudWatch log reading are shared with the Batch backend
-(:mod:`gpu_provider.backends.batch.calls`, :mod:`gpu_provider.backends.batch.logs`). Nothing here
-imports boto3 until a client is needed.
+(:mod:`gpu_provider.backends.aws`). Nothing here imports boto3 until a client is needed.
 """
 
 from __future__ import annotations

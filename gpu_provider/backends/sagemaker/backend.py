@@ -18,7 +18,6 @@ DescribeTrainingJob only for jobs that changed since the last read (see :meth:`S
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -27,6 +26,17 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpu_provider import names
+from gpu_provider.backends.aws.calls import (
+    PATIENT_ATTEMPTS,
+    POLL_ATTEMPTS,
+    Clients,
+    backoff,
+    call,
+    error_code,
+    is_throttling,
+    may_have_happened,
+)
+from gpu_provider.backends.aws.logs import LogCursor, StreamNotFoundError, log_chunk, read_streams
 from gpu_provider.backends.base import (
     LOG_READ_BYTES,
     Backend,
@@ -45,17 +55,7 @@ from gpu_provider.backends.base import (
     provider_config,
     task_from_tags,
 )
-from gpu_provider.backends.batch.calls import (
-    PATIENT_ATTEMPTS,
-    POLL_ATTEMPTS,
-    Clients,
-    backoff,
-    call,
-    is_throttling,
-    may_have_happened,
-    run_bounded,
-)
-from gpu_provider.backends.batch.logs import LogCursor, StreamNotFoundError, log_chunk, read_streams
+from gpu_provider.backends.common import list_option, run_bounded, text_option
 from gpu_provider.backends.sagemaker import mapping
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
@@ -110,14 +110,9 @@ _GROUP = re.compile(r"^sg-[0-9a-z]+$")
 _SUBNET = re.compile(r"^subnet-[0-9a-z]+$")
 
 
-def _error_code(err: BaseException) -> str:
-    response = getattr(err, "response", None)
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
-
-
 def _not_found(err: BaseException) -> bool:
     """DescribeTrainingJob's answer for a job SageMaker does not know (ValidationException, 'not found')."""
-    code = _error_code(err)
+    code = error_code(err)
     if code == "ResourceNotFound":
         return True
     message = str(getattr(err, "response", {}).get("Error", {}).get("Message", "")).lower()
@@ -127,37 +122,6 @@ def _not_found(err: BaseException) -> bool:
 def tag_value(text: str) -> str:
     """A tag value SageMaker accepts: letters, digits, spaces and ``_.:/=+-@``, at most 256 characters."""
     return _TAG_UNSAFE.sub(" ", text)[:MAX_TAG_VALUE_CHARS]
-
-
-def _text_option(option: str, value: Any, *, config_key: str | None = None, default: str | None = None) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise TypeError(f"{option}={value!r} ({type(value).__name__}) must be a string")
-    text = (value or "").strip()
-    if not text and config_key:
-        text = provider_config(config_key)
-    return text or default
-
-
-def _list_option(option: str, value: Any, *, config_key: str, pattern: re.Pattern[str], what: str) -> list[str]:
-    """A list of ids from a list, comma-separated text or JSON list text; else the config key."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        value, option = provider_config(config_key), f"[gpu_provider] {config_key}"
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith("["):
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError:
-                raise ValueError(f"{option}={text!r} is neither a JSON list nor comma-separated {what}") from None
-        else:
-            value = [part.strip() for part in text.split(",") if part.strip()]
-    if not isinstance(value, (list, tuple)):
-        raise TypeError(f"{option}={value!r} must be a list of {what} (or comma-separated text)")
-    items = [str(v).strip() for v in value]
-    for item in items:
-        if not pattern.fullmatch(item):
-            raise ValueError(f"{option}: {item!r} is not one of {what} (expected e.g. {pattern.pattern})")
-    return items
 
 
 class SageMakerBackend(Backend):
@@ -220,20 +184,20 @@ class SageMakerBackend(Backend):
         master_port: int | str = DEFAULT_MASTER_PORT,
         multi_node_entry: bool | str = True,
     ) -> None:
-        self.role_arn = _text_option("role_arn", role_arn, config_key="sagemaker_role_arn")
+        self.role_arn = text_option("role_arn", role_arn, config_key="sagemaker_role_arn")
         if self.role_arn and not _ROLE_ARN.fullmatch(self.role_arn):
             raise ValueError(f"role_arn={self.role_arn!r} is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)")
-        self.output_path = _text_option("output_path", output_path, config_key="sagemaker_output_path")
+        self.output_path = text_option("output_path", output_path, config_key="sagemaker_output_path")
         if self.output_path and not _S3_PATH.fullmatch(self.output_path):
             raise ValueError(f"output_path={self.output_path!r} must be an s3://bucket/prefix URI")
-        self.aws_conn_id = _text_option(
+        self.aws_conn_id = text_option(
             "aws_conn_id", aws_conn_id, config_key="sagemaker_aws_conn_id", default="aws_default"
         )
-        self.region_name = _text_option("region_name", region_name, config_key="sagemaker_region")
-        self.subnets = _list_option(
+        self.region_name = text_option("region_name", region_name, config_key="sagemaker_region")
+        self.subnets = list_option(
             "subnets", subnets, config_key="sagemaker_subnets", pattern=_SUBNET, what="subnet ids"
         )
-        self.security_group_ids = _list_option(
+        self.security_group_ids = list_option(
             "security_group_ids",
             security_group_ids,
             config_key="sagemaker_security_group_ids",
@@ -253,9 +217,9 @@ class SageMakerBackend(Backend):
         if not 1 <= size <= 16384:
             raise ValueError(f"volume_size_gb={volume!r} must be a whole number of GB from 1 to 16384")
         self.volume_size_gb = size
-        chosen = _text_option("instance_type", instance_type, config_key="sagemaker_instance_type")
+        chosen = text_option("instance_type", instance_type, config_key="sagemaker_instance_type")
         self.instance_type = mapping.training_instance(chosen) if chosen else None
-        self.kms_key_id = _text_option("kms_key_id", kms_key_id, config_key="sagemaker_kms_key_id")
+        self.kms_key_id = text_option("kms_key_id", kms_key_id, config_key="sagemaker_kms_key_id")
         try:
             port = int(str(master_port).strip())
         except ValueError:
@@ -471,7 +435,7 @@ class SageMakerBackend(Backend):
             try:
                 return str(client.create_training_job(**body)["TrainingJobArn"])
             except Exception as err:
-                if _error_code(err) == "ResourceInUse":
+                if error_code(err) == "ResourceInUse":
                     return None  # this name exists: an earlier send created it
                 if not may_have_happened(err):
                     raise
@@ -747,7 +711,7 @@ class SageMakerBackend(Backend):
         try:
             call("StopTrainingJob", lambda: client.stop_training_job(TrainingJobName=handle.job_id), service=SERVICE)
         except Exception as err:
-            if _error_code(err) != "ValidationException":
+            if error_code(err) != "ValidationException":
                 raise
             job = self._describe_job(handle.job_id, attempts=PATIENT_ATTEMPTS)
             if job is not None and job.get("TrainingJobStatus") == "InProgress":
@@ -870,7 +834,7 @@ class SageMakerBackend(Backend):
                     service="CloudWatch Logs",
                 )
             except Exception as err:
-                if _error_code(err) == "ResourceNotFoundException":
+                if error_code(err) == "ResourceNotFoundException":
                     return LogChunk(lines=[], cursor=cursor, more=False)  # no log group yet
                 raise
             found.extend(page.get("logStreams") or [])
@@ -896,7 +860,7 @@ class SageMakerBackend(Backend):
                     service="CloudWatch Logs",
                 )
             except Exception as err:
-                if _error_code(err) == "ResourceNotFoundException":
+                if error_code(err) == "ResourceNotFoundException":
                     raise StreamNotFoundError(str(kwargs["logStreamName"])) from err
                 raise
 

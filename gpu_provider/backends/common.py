@@ -1,0 +1,114 @@
+"""What every backend module may use: options read with their ``[gpu_provider]`` fallback, and calls
+made from a signal handler.
+
+Each backend parses its own options (their rules differ), but reading one from its argument, then
+its config key, and naming the field in the error is the same everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gpu_provider.backends.base import provider_config
+
+log = logging.getLogger(__name__)
+
+#: how long :func:`run_bounded` callers (``cancel()``) wait before returning; the call goes on
+#: in the background (below Airflow's 5 s between SIGTERM and SIGKILL of a task process)
+CANCEL_WAIT_S = 4.0
+
+
+def text_option(option: str, value: Any, *, config_key: str | None = None, default: str | None = None) -> str | None:
+    """A text option, stripped; when empty, ``[gpu_provider] <config_key>``; when that is empty too, ``default``."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{option}={value!r} ({type(value).__name__}) must be a string")
+    text = (value or "").strip()
+    if not text and config_key:
+        text = provider_config(config_key)
+    return text or default
+
+
+def json_option(option: str, value: Any, *, config_key: str, kind: type, allowed: str) -> tuple[Any, str]:
+    """An option given as a ``kind`` (``dict``, ``list``) or as JSON text of one, else its config key.
+
+    :return: the value (``None`` when neither is set) and where it came from, for the caller's own
+        checks to name (``option`` or ``[gpu_provider] <config_key>``)
+    """
+    where = option
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value, where = provider_config(config_key), f"[gpu_provider] {config_key}"
+        if not value:
+            return None, where
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"{where} must be {allowed}; got text that is not JSON") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"{where} must be {allowed}; got {type(value).__name__}")
+    return value, where
+
+
+def list_option(option: str, value: Any, *, config_key: str, pattern: re.Pattern[str], what: str) -> list[str]:
+    """A list of ids from a list, comma-separated text or JSON list text; else the config key."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value, option = provider_config(config_key), f"[gpu_provider] {config_key}"
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise ValueError(f"{option}={text!r} is neither a JSON list nor comma-separated {what}") from None
+        else:
+            value = [part.strip() for part in text.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{option}={value!r} must be a list of {what} (or comma-separated text)")
+    items = [str(v).strip() for v in value]
+    for item in items:
+        if not pattern.fullmatch(item):
+            raise ValueError(f"{option}: {item!r} is not one of {what} (expected e.g. {pattern.pattern})")
+    return items
+
+
+def run_bounded(what: str, fn: Callable[[], None], *, timeout: float = CANCEL_WAIT_S) -> None:
+    """Run ``fn`` in a new thread and wait for it at most ``timeout`` seconds; re-raise its error.
+
+    For calls made from a signal handler (``cancel()`` from ``on_kill``): the code the handler
+    interrupted may hold a lock ``fn`` needs, ours or a library's (Airflow's connection lookup,
+    urllib3's connection pool). Waiting for it on the interrupted thread would never end; a
+    separate thread simply goes on once the handler has returned and the interrupted code has let
+    go. The thread is not a daemon: the interpreter waits for it at exit, so a task process that
+    ends normally still sends the call.
+
+    :param what: the call, for the log
+    """
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as err:  # handed to the caller below
+            outcome.append(err)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=target, name=f"gpu-provider-{what}", daemon=False)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        log.warning(
+            "%s did not finish within %.0fs (the service is slow or throttling, or the interrupted code holds "
+            "something it needs); it goes on in the background.",
+            what,
+            timeout,
+        )
+        return
+    error = outcome[0]
+    if error is not None:
+        raise error
