@@ -180,7 +180,7 @@ def test_a_job_stopped_outside_airflow_cancels_the_task_with_a_clear_message(
         """,
     )
     worker, _out, log = harness.start(dag, "sm_stopped")
-    wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the training job to start")
+    wait_for(lambda: _pids(pid_dir).get("1-0"), 120, "the training job to start")
     (create,) = sagemaker.bodies("CreateTrainingJob")
     sagemaker.emulator.client("sagemaker").stop_training_job(TrainingJobName=create["TrainingJobName"])
     worker.wait(timeout=60)
@@ -209,7 +209,7 @@ def test_worker_crash_then_retry_reattaches_without_a_second_create(
         """,
     )
     worker, _, _ = harness.start(dag, "sm_crash")
-    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the training job to start")
+    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 120, "the training job to start")
     os.killpg(worker.pid, signal.SIGKILL)  # the worker dies; the training job does not
     worker.wait(timeout=10)
     assert pid_alive(job_pid)
@@ -239,7 +239,7 @@ def test_killing_a_running_task_stops_its_training_job(harness: Harness, sagemak
         """,
     )
     worker, _, _ = harness.start(dag, "sm_kill")
-    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the training job to start")
+    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 120, "the training job to start")
     worker.send_signal(signal.SIGTERM)  # what Airflow sends a task it kills
     (stop,) = wait_for(lambda: sagemaker.bodies("StopTrainingJob"), 15, "StopTrainingJob")
     tags = [t for body in sagemaker.bodies("AddTags") for t in body["Tags"] if t["Key"] == TAG_STOP_REASON]

@@ -36,7 +36,7 @@ def test_deferred_by_default_and_fires_once_the_step_is_published(harness: Harne
     dag_file = _sensor_dag(harness, "ckpt_deferred", uri, min_step=20)
     proc, out, log = harness.start(dag_file, "ckpt_deferred")
     # the task deferred: its trigger runs (dag.test runs it in line) and sees only step 10
-    wait_for(lambda: "waiting for step 20" in log.read_text() and "running trigger in line" in log.read_text(), 60)
+    wait_for(lambda: "waiting for step 20" in log.read_text() and "running trigger in line" in log.read_text(), 120)
     assert not out.exists()
     _save(uri, 20)
     assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
@@ -59,7 +59,7 @@ def test_newer_than_previous_run_waits_for_a_checkpoint_the_last_run_did_not_see
 
     # the next week's run: step 10 is what the previous run saw, so it waits for a newer one
     proc, out, log = harness.start(dag_file, "ckpt_previous", logical_date="2026-01-12T00:00:00+00:00")
-    wait_for(lambda: "waiting for step 11" in log.read_text(), 60, "the second run to wait for step 11")
+    wait_for(lambda: "waiting for step 11" in log.read_text(), 120, "the second run to wait for step 11")
     assert "an earlier run of this task saw step 10" in log.read_text()
     assert not out.exists()
     _save(uri, 15)
@@ -114,7 +114,7 @@ def test_fires_on_a_checkpoint_of_a_running_local_backend_job_not_before(harness
 
     dag_file = _sensor_dag(harness, "ckpt_local_job", uri, min_step=20)
     proc, out, log = harness.start(dag_file, "ckpt_local_job")
-    wait_for(lambda: "No published checkpoint at" in log.read_text(), 60, "the deferred sensor to look")
+    wait_for(lambda: "No published checkpoint at" in log.read_text(), 120, "the deferred sensor to look")
     assert not out.exists() and backend.poll([handle])[handle.job_id].state == JobState.RUNNING
     go.touch()
     assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]

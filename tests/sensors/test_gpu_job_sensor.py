@@ -243,7 +243,7 @@ def test_follow_resubmits_waits_for_the_next_attempt_of_the_same_task(harness: H
     )
     proc, out_file, log_file = harness.start(dag, "follow_sensors")
     # the spot capacity is reclaimed while the sensor waits deferred on the first attempt
-    wait_for(lambda: f"Waiting for local job {first.job_id}" in log_file.read_text(), 60, "the sensor to defer")
+    wait_for(lambda: f"Waiting for local job {first.job_id}" in log_file.read_text(), 120, "the sensor to defer")
     backend.simulate_preemption(first)
     wait_for(lambda: _state(backend, first) is JobState.PREEMPTED, 20, "the first attempt to be reclaimed")
     second = backend.submit(_request(task, _py("print('attempt 2 done')"), attempt=2))
