@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from emulators.aws_batch import BatchEmulator, BatchSetup
+from gpu_provider.testing.emulators.aws_batch import BatchEmulator, BatchSetup
 from tests.harness import REPO
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from emulators.aws_ec2 import Ec2SpotEmulator
+from gpu_provider.testing.emulators.aws_ec2 import Ec2SpotEmulator
 
 
 @pytest.fixture(scope="session")

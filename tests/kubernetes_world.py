@@ -1,4 +1,5 @@
-"""Fixture `kubernetes`: the fake Kubernetes API server (``emulators/kubernetes.py``; pods run as local
+"""Fixture `kubernetes`: the fake Kubernetes API server (``gpu_provider/testing/emulators/kubernetes.py``; pods run
+as local
 processes on emulated Karpenter nodes), a kubeconfig pointing at it and the Airflow connection
 ``kubernetes_default`` reading that kubeconfig. Registered for the whole suite by tests/conftest.py.
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from emulators.kubernetes import KubernetesEmulator
+from gpu_provider.testing.emulators.kubernetes import KubernetesEmulator
 from tests.harness import REPO
 
 

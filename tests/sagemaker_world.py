@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from emulators.aws_sagemaker import ROLE_ARN, SageMakerEmulator
+from gpu_provider.testing.emulators.aws_sagemaker import ROLE_ARN, SageMakerEmulator
 from tests.harness import REPO
 
 OUTPUT_BUCKET = "gpu-sagemaker-output"

@@ -126,7 +126,41 @@ def test_the_wheel_declares_what_the_code_needs(installed: Installed) -> None:
     for extra in ("kubernetes", "all"):
         assert f'apache-airflow-providers-cncf-kubernetes>=10.0.0; extra == "{extra}"' in requires
     provides = {line.removeprefix("Provides-Extra: ") for line in lines if line.startswith("Provides-Extra: ")}
-    assert {"aws", "batch", "sagemaker", "kubernetes", "all", "examples", "dev"} <= provides
+    assert {"aws", "batch", "sagemaker", "kubernetes", "all", "examples", "testing", "dev"} <= provides
+
+
+#: what the [testing] extra brings that the base install must never import
+TESTING_ONLY = ("moto", "flask", "boto3", "botocore", "gpu_provider.testing.emulators")
+
+
+def test_the_wheel_without_the_testing_extra_imports_no_moto_and_no_emulator(installed: Installed) -> None:
+    """The base install stays light: the package, its operators, sensors, triggers and the testing package and
+    pytest plugin (which pytest loads in every environment the wheel is installed in) import no moto, no
+    boto3 and no emulator; without the extra (its modules blocked, as if not installed), an emulator
+    fails naming ``airflow-provider-gpu[testing]``."""
+    requires = [line.removeprefix("Requires-Dist: ") for line in _metadata(installed.wheel) if "Requires-Dist" in line]
+    assert 'moto[server]>=5.0; extra == "testing"' in requires
+    assert not [r for r in requires if r.startswith("moto") and 'extra == "testing"' not in r and "dev" not in r]
+    code = (
+        "import importlib, json, sys\n"
+        "for blocked in ('moto', 'flask', 'boto3', 'botocore'):\n"
+        "    sys.modules[blocked] = None  # as if the extra were not installed\n"
+        "import gpu_provider, gpu_provider.operators, gpu_provider.sensors, gpu_provider.triggers\n"
+        "import gpu_provider.testing\n"
+        f"loaded = sorted(m for m in sys.modules if sys.modules[m] is not None and m.startswith({TESTING_ONLY!r}))\n"
+        "try:\n"
+        "    importlib.import_module('gpu_provider.testing.emulators.aws_batch')\n"
+        "except ImportError as err:\n"
+        "    error = f'{type(err).__name__}: {err}'\n"
+        "print(json.dumps({'loaded': loaded, 'where': gpu_provider.__file__, 'error': error}))\n"
+    )
+    done = installed.run(["-c", code], env={"PATH": os.environ.get("PATH", "")})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["where"].startswith(str(installed.site))
+    assert result["loaded"] == []
+    assert result["error"].startswith("MissingExtraError: gpu_provider.testing.emulators needs moto"), result
+    assert "pip install 'airflow-provider-gpu[testing]'" in result["error"]
 
 
 def test_the_wheel_carries_its_license(installed: Installed) -> None:
