@@ -493,6 +493,8 @@ def _render(task: Any, run_id: str) -> str:
         "task": task,
         "params": dict(task.params or {}),
         "logical_date": when,
+        "data_interval_start": when,
+        "data_interval_end": when,
         "ds": when.strftime("%Y-%m-%d"),
         "ds_nodash": when.strftime("%Y%m%d"),
         "ts": when.isoformat(),
