@@ -203,6 +203,8 @@ class _ChildEmulator:
                 if any(marker in line for marker in self._show):
                     text = line.split(self._logger, 1)[-1].split("[gpu_provider.testing.emulators.", 1)[0].strip()
                     text = re.sub(r"^\S+Z \[\w+\s*\] ", "", text)
+                    # the job runners' lines: "<date> <time> gpu_provider.testing.emulators.<module> ..."
+                    text = re.sub(r"^\S+ \S+ gpu_provider\.testing\.emulators\.\w+ ", "", text)
                     print(f"  [{self._label.lower()} emulator] {text}", flush=True)
 
     def stop(self) -> None:
