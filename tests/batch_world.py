@@ -12,7 +12,7 @@ import pytest
 from gpu_provider.testing.emulators.aws_batch import BatchEmulator
 from gpu_provider.testing.worlds import BatchWorld, aws_connection_env
 
-__all__ = ["BatchWorld", "batch", "connection_env"]
+__all__ = ["BatchWorld", "batch", "batch_emulator", "connection_env"]
 
 
 def connection_env(emulator: BatchEmulator) -> dict[str, str]:
@@ -23,3 +23,9 @@ def connection_env(emulator: BatchEmulator) -> dict[str, str]:
 @pytest.fixture
 def batch(gpu_batch: BatchWorld) -> BatchWorld:
     return gpu_batch
+
+
+@pytest.fixture(scope="session")
+def batch_emulator(gpu_batch_emulator: BatchWorld) -> BatchWorld:
+    """The session's emulator under its old name (the plugin's ``gpu_batch_emulator``)."""
+    return gpu_batch_emulator

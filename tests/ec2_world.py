@@ -11,7 +11,7 @@ import pytest
 from gpu_provider.testing.emulators.aws_ec2 import Ec2SpotEmulator
 from gpu_provider.testing.worlds import aws_connection_env
 
-__all__ = ["ec2_connection_env", "ec2_spot"]
+__all__ = ["ec2_connection_env", "ec2_spot", "ec2_spot_emulator"]
 
 
 def ec2_connection_env(emulator: Ec2SpotEmulator) -> dict[str, str]:
@@ -22,3 +22,9 @@ def ec2_connection_env(emulator: Ec2SpotEmulator) -> dict[str, str]:
 @pytest.fixture
 def ec2_spot(gpu_ec2_spot: Ec2SpotEmulator) -> Ec2SpotEmulator:
     return gpu_ec2_spot
+
+
+@pytest.fixture(scope="session")
+def ec2_spot_emulator(gpu_ec2_emulator: Ec2SpotEmulator) -> Ec2SpotEmulator:
+    """The session's emulator under its old name (the plugin's ``gpu_ec2_emulator``)."""
+    return gpu_ec2_emulator

@@ -11,9 +11,15 @@ import pytest
 
 from gpu_provider.testing.worlds import KubernetesWorld
 
-__all__ = ["KubernetesWorld", "kubernetes"]
+__all__ = ["KubernetesWorld", "kubernetes", "kubernetes_emulator"]
 
 
 @pytest.fixture
 def kubernetes(gpu_kubernetes: KubernetesWorld) -> KubernetesWorld:
     return gpu_kubernetes
+
+
+@pytest.fixture(scope="session")
+def kubernetes_emulator(gpu_kubernetes_emulator: KubernetesWorld) -> KubernetesWorld:
+    """The session's emulator under its old name (the plugin's ``gpu_kubernetes_emulator``)."""
+    return gpu_kubernetes_emulator

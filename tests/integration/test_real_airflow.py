@@ -169,7 +169,7 @@ def _free_ports(count: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory: pytest.TempPathFactory, gpu_batch_emulator: BatchWorld) -> Iterator[Airflow]:
+def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld) -> Iterator[Airflow]:
     root = tmp_path_factory.mktemp("standalone")
     dags, pids, state = root / "dags", root / "pids", root / "state"
     for folder in (dags, pids):
@@ -177,13 +177,13 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, gpu_batch_emulator: BatchW
     source = DAG_SOURCE.format(
         state=str(state),
         pids=str(pids),
-        spot_queue=gpu_batch_emulator.setup.spot_queue,
-        on_demand_queue=gpu_batch_emulator.setup.on_demand_queue,
+        spot_queue=batch_emulator.setup.spot_queue,
+        on_demand_queue=batch_emulator.setup.on_demand_queue,
     )
     (dags / "real_airflow_dags.py").write_text(textwrap.dedent(source))
     port, worker_log_port, trigger_log_port = _free_ports(3)
     env = dict(os.environ)
-    env.update(connection_env(gpu_batch_emulator.emulator))  # the Batch DAG's jobs go to the emulator
+    env.update(connection_env(batch_emulator.emulator))  # the Batch DAG's jobs go to the emulator
     env.update(
         {
             "AIRFLOW_HOME": str(root / "home"),
