@@ -1,6 +1,6 @@
 """Status polling cost of waiting AWS Batch jobs: the shared, batched poller vs one call per job.
 
-Against the Batch emulator (moto server, ``emulators/aws_batch.py``), N jobs are submitted to a
+Against the Batch emulator (moto server, ``gpu_provider/testing/emulators/aws_batch.py``), N jobs are submitted to a
 queue held at RUNNABLE (so they stay waiting). Then, for several ticks each, it measures:
 
 - **batched**: ``BatchBackend.poll(all handles)``, what the shared poller does once per tick for all
@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--ticks", type=int, default=5)
     args = parser.parse_args()
 
-    from emulators.aws_batch import BatchEmulator
+    from gpu_provider.testing.emulators.aws_batch import BatchEmulator
 
     with BatchEmulator(job_cwd=REPO) as emulator:
         setup = emulator.create_environment(fair_share=False)

@@ -1,7 +1,7 @@
 """Status polling cost of waiting SageMaker training jobs: the coalesced poll vs one call per job.
 
-Against the SageMaker emulator (``emulators/aws_sagemaker.py``, served over HTTP, so every call goes
-through botocore's real serialisation), N training jobs are created while capacity is held (they
+Against the SageMaker emulator (``gpu_provider/testing/emulators/aws_sagemaker.py``, served over HTTP,
+so every call goes through botocore's real serialisation), N training jobs are created while capacity is held (they
 stay InProgress/Starting). After one warm-up tick (the first read of each job describes it and
 reads its tags), it measures for several ticks each:
 
@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--ticks", type=int, default=5)
     args = parser.parse_args()
 
-    from emulators.aws_sagemaker import ROLE_ARN, SageMakerEmulator
+    from gpu_provider.testing.emulators.aws_sagemaker import ROLE_ARN, SageMakerEmulator
 
     with tempfile.TemporaryDirectory() as root, SageMakerEmulator(job_root=root, job_cwd=REPO) as emulator:
         extra = {"endpoint_url": emulator.endpoint_url, "region_name": emulator.region}

@@ -18,7 +18,13 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "batch": (("airflow.providers.amazon", "boto3"), "the amazon provider and boto3"),
     "sagemaker": (("airflow.providers.amazon", "boto3"), "the amazon provider and boto3"),
     "kubernetes": (("airflow.providers.cncf.kubernetes", "kubernetes"), "the cncf-kubernetes provider"),
+    # gpu_provider.testing's emulators: moto in server mode (flask) and boto3. The extra also brings the
+    # amazon and cncf-kubernetes providers, which the backends the fixtures point at check for themselves.
+    "testing": (("moto", "flask", "boto3"), "moto (with its server) and boto3"),
 }
+
+#: extras that ``[all]`` includes (``testing`` is for test environments, not deployments)
+IN_ALL: frozenset[str] = frozenset({"aws", "batch", "sagemaker", "kubernetes"})
 
 #: backend name -> the extra it needs; a backend not named here needs only the base install
 BACKEND_EXTRAS: dict[str, str] = {"batch": "batch", "sagemaker": "sagemaker", "kubernetes": "kubernetes"}
@@ -49,9 +55,10 @@ def require_extra(extra: str, what: str) -> None:
     missing = missing_modules(extra)
     if missing:
         _, words = EXTRAS[extra]
+        alternative = f" (or '{DISTRIBUTION}[all]')" if extra in IN_ALL else ""
         raise MissingExtraError(
             f"{what} needs {words}, which are not installed here (missing: {', '.join(missing)}). "
-            f"Install the extra: pip install '{DISTRIBUTION}[{extra}]' (or '{DISTRIBUTION}[all]'), "
+            f"Install the extra: pip install '{DISTRIBUTION}[{extra}]'{alternative}, "
             "with your Airflow version's constraints file"
         )
 

@@ -6,15 +6,15 @@ the key moments as they happen, and ends with a summary per stage read from the 
 
 ``--backend local`` (the default) runs the jobs as local processes and simulates the interruption.
 ``--backend batch`` runs every stage as an AWS Batch job against a local Batch emulator (moto in
-server mode, ``emulators/aws_batch.py``) that this script starts and stops: its job containers
+server mode, ``gpu_provider/testing/emulators/aws_batch.py``) that this script starts and stops: its job containers
 run as local processes, and the first spot training job's host is "reclaimed" 4 s after it starts,
 so the job ends ``Host EC2 (instance i-...) terminated.`` and is resubmitted to the on-demand queue.
 ``--backend sagemaker`` runs every stage as a SageMaker training job against a local SageMaker
-emulator (``emulators/aws_sagemaker.py``): training runs on 2 instances on managed spot, the spot
+emulator (``gpu_provider/testing/emulators/aws_sagemaker.py``): training runs on 2 instances on managed spot, the spot
 instances are reclaimed 3 s into training (SageMaker-style, an ``Interrupted`` transition), the task
 stops the job and the next attempt runs on-demand, resuming from the checkpoint synced to S3.
 ``--backend kubernetes`` runs every stage as a pod against a local fake Kubernetes API server
-(``emulators/kubernetes.py``, whose nodes stand in for Karpenter's): training is a 2-node indexed
+(``gpu_provider/testing/emulators/kubernetes.py``, whose nodes stand in for Karpenter's): training is a 2-node indexed
 job on spot, one of its nodes is reclaimed 4 s after it starts (``DisruptionTarget``), and the next
 attempt runs on on-demand, resuming from the checkpoint. With ``--cluster`` (and ``KUBECONFIG`` set)
 it runs against that cluster instead; it says which.
@@ -201,8 +201,10 @@ class _ChildEmulator:
                     time.sleep(0.2)
                     continue
                 if any(marker in line for marker in self._show):
-                    text = line.split(self._logger, 1)[-1].split("[emulators.", 1)[0].strip()
+                    text = line.split(self._logger, 1)[-1].split("[gpu_provider.testing.emulators.", 1)[0].strip()
                     text = re.sub(r"^\S+Z \[\w+\s*\] ", "", text)
+                    # the job runners' lines: "<date> <time> gpu_provider.testing.emulators.<module> ..."
+                    text = re.sub(r"^\S+ \S+ gpu_provider\.testing\.emulators\.\w+ ", "", text)
                     print(f"  [{self._label.lower()} emulator] {text}", flush=True)
 
     def stop(self) -> None:
@@ -218,14 +220,23 @@ class _ChildEmulator:
 
 def _batch_emulator(name: str = "emulator") -> _ChildEmulator:
     """The AWS Batch emulator, for ``--backend batch``: the first spot training job's host is reclaimed."""
-    argv = ["emulators.aws_batch", "serve", "--port", "0", "--job-cwd", str(REPO), "--preempt-after", "4"]
+    argv = [
+        "gpu_provider.testing.emulators.aws_batch",
+        "serve",
+        "--port",
+        "0",
+        "--job-cwd",
+        str(REPO),
+        "--preempt-after",
+        "4",
+    ]
     argv += ["--preempt-queue", "gpu-spot", "--preempt-name-contains=-train-"]
     return _ChildEmulator(name, argv, label="Batch", show=(" preempted: ", "-> FAILED"), logger=" __main__ ")
 
 
 def _sagemaker_emulator(name: str = "emulator") -> _ChildEmulator:
     """The SageMaker emulator, for ``--backend sagemaker``: the spot training instances are reclaimed 3 s in."""
-    argv = ["emulators.aws_sagemaker", "serve", "--port", "0", "--job-cwd", str(REPO)]
+    argv = ["gpu_provider.testing.emulators.aws_sagemaker", "serve", "--port", "0", "--job-cwd", str(REPO)]
     argv += ["--job-root", str(DEMO / "sagemaker-jobs")]
     argv += ["--bucket", "gpu-demo-models", "--bucket", "gpu-demo-checkpoints"]
     argv += ["--step-seconds", "0.5", "--interrupt-after", "3", "--interrupt-name-contains=-train-"]
@@ -235,7 +246,14 @@ def _sagemaker_emulator(name: str = "emulator") -> _ChildEmulator:
 
 def _kubernetes_emulator() -> _ChildEmulator:
     """The fake Kubernetes API server, for ``--backend kubernetes``: one spot training node is reclaimed."""
-    argv = ["emulators.kubernetes", "serve", "--kubeconfig", str(DEMO / "kubeconfig"), "--job-cwd", str(REPO)]
+    argv = [
+        "gpu_provider.testing.emulators.kubernetes",
+        "serve",
+        "--kubeconfig",
+        str(DEMO / "kubeconfig"),
+        "--job-cwd",
+        str(REPO),
+    ]
     argv += ["--reclaim-after", "4", "--reclaim-name-contains=-train-"]
     return _ChildEmulator(
         "kubernetes-emulator", argv, label="Kubernetes", show=("reclaimed spot node",), logger=" __main__ "

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+# The fixtures of gpu_provider.testing's pytest plugin (gpu_batch, gpu_kubernetes, ...) come through its
+# pytest11 entry point where the package is installed (see pytest_configure below); these modules give
+# them this suite's names and add its own.
 pytest_plugins = (
     "tests.harness",
     "tests.batch_world",
@@ -56,6 +59,26 @@ def airflow_home() -> Iterator[Path]:
         env=dict(os.environ),
     )
     yield _HOME
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # gpu_provider.testing's plugin: loaded by pytest through the entry point of an install made with this
+    # pyproject.toml; loaded here when this environment's install predates it (or runs with PYTHONPATH)
+    manager = config.pluginmanager
+    if not (manager.has_plugin("gpu_provider") or manager.has_plugin("gpu_provider.testing.plugin")):
+        manager.import_plugin("gpu_provider.testing.plugin")
+
+
+@pytest.fixture(scope="session")
+def gpu_airflow_home(airflow_home: Path) -> Path:
+    """The plugin's dag.test() runs use this suite's Airflow home."""
+    return airflow_home
+
+
+@pytest.fixture(scope="session")
+def gpu_job_cwd() -> Path:
+    """The emulators run jobs' commands in the repository (the tests' job programs are found from there)."""
+    return Path(__file__).resolve().parent.parent
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

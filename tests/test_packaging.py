@@ -103,11 +103,13 @@ def test_the_base_install_holds_no_backend_service_client() -> None:
         wanted = {"airflow.providers.amazon": "apache-airflow-providers-amazon", "boto3": "boto3"}
         wanted["airflow.providers.cncf.kubernetes"] = "apache-airflow-providers-cncf-kubernetes"
         wanted["kubernetes"] = "apache-airflow-providers-cncf-kubernetes"  # the provider requires the client
+        wanted.update({"moto": "moto", "flask": "moto"})  # flask: moto[server]
         assert {wanted[m] for m in modules} <= _names(extras[extra]), extra
     backend_extras = set(BACKEND_EXTRAS.values())
     assert _names(extras["all"]) == set().union(*(_names(extras[e]) for e in backend_extras))
     # `make test` installs [dev]: it must hold everything every backend's tests need
-    assert _names(extras["all"]) | _names(extras["examples"]) <= _names(extras["dev"])
+    assert _names(extras["all"]) | _names(extras["examples"]) | _names(extras["testing"]) <= _names(extras["dev"])
+    assert "moto" not in _names(extras["all"]), "[all] is for deployments: the emulators stay in [testing]"
 
 
 def test_every_registered_backend_that_needs_a_service_names_its_extra() -> None:

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from emulators.aws_ec2 import Ec2SpotEmulator
+from gpu_provider.testing.emulators.aws_ec2 import Ec2SpotEmulator
 from tests.ec2_world import ec2_connection_env
 from tests.harness import REPO, Harness
 

@@ -17,7 +17,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionClosedError
 
-from emulators.aws_batch import BatchEmulator, BatchSetup
+from gpu_provider.testing.emulators.aws_batch import BatchEmulator, BatchSetup
 from tests.harness import pid_alive, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,7 +144,7 @@ def log_lines(logs: Any, stream: str) -> list[str]:
 
 STOP_SCRIPT = """
 import json, sys, threading, time
-from emulators.aws_batch import BatchEmulator
+from gpu_provider.testing.emulators.aws_batch import BatchEmulator
 emu = BatchEmulator(step_seconds=0.1, grace_period=30, job_cwd=sys.argv[1]).start()
 emu.create_environment(fair_share=False)
 client = emu.client("batch")
@@ -191,7 +191,16 @@ def test_stop_kills_job_processes_undoes_patches_and_lets_the_interpreter_exit(t
 
 def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
     ready = tmp_path / "ready.json"
-    command = [sys.executable, "-m", "emulators.aws_batch", "serve", "--port", "0", "--job-cwd", str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "gpu_provider.testing.emulators.aws_batch",
+        "serve",
+        "--port",
+        "0",
+        "--job-cwd",
+        str(tmp_path),
+    ]
     command += ["--ready-file", str(ready), "--fair-share", "--step-seconds", "0.1", "--grace-period", "1"]
     command += ["--preempt-after", "0.2", "--preempt-queue", "gpu-spot", "--preempt-name-contains", "train"]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

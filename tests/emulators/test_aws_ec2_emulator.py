@@ -1,4 +1,5 @@
-"""The EC2 spot emulator (emulators/aws_ec2.py) over real botocore requests: placement scores and spot
+"""The EC2 spot emulator (gpu_provider/testing/emulators/aws_ec2.py) over real botocore requests: placement scores
+and spot
 price history as the test set them, AWS's rules for both calls, paging, throttling, the request log,
 and the same calls answered through the Batch emulator's endpoint (one server for Batch and EC2)."""
 
@@ -13,7 +14,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from emulators.aws_ec2 import Ec2SpotEmulator
+from gpu_provider.testing.emulators.aws_ec2 import Ec2SpotEmulator
 from tests.batch_world import BatchWorld
 from tests.harness import REPO
 
@@ -103,7 +104,7 @@ def test_without_a_server_of_its_own_it_serves_through_one_that_runs() -> None:
     code = textwrap.dedent(
         """
         from moto.server import ThreadedMotoServer
-        from emulators.aws_ec2 import Ec2SpotEmulator
+        from gpu_provider.testing.emulators.aws_ec2 import Ec2SpotEmulator
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()

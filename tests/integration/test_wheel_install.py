@@ -126,7 +126,48 @@ def test_the_wheel_declares_what_the_code_needs(installed: Installed) -> None:
     for extra in ("kubernetes", "all"):
         assert f'apache-airflow-providers-cncf-kubernetes>=10.0.0; extra == "{extra}"' in requires
     provides = {line.removeprefix("Provides-Extra: ") for line in lines if line.startswith("Provides-Extra: ")}
-    assert {"aws", "batch", "sagemaker", "kubernetes", "all", "examples", "dev"} <= provides
+    assert {"aws", "batch", "sagemaker", "kubernetes", "all", "examples", "testing", "dev"} <= provides
+
+
+#: what the [testing] extra brings that the base install must never import
+TESTING_ONLY = ("moto", "flask", "boto3", "botocore", "gpu_provider.testing.emulators")
+
+
+def test_the_wheel_without_the_testing_extra_imports_no_moto_and_no_emulator(installed: Installed) -> None:
+    """The base install stays light: the package, its operators, sensors, triggers and the testing package and
+    pytest plugin (which pytest loads in every environment the wheel is installed in) import no moto, no
+    boto3 and no emulator; without the extra (its modules blocked, as if not installed), an emulator
+    fails naming ``airflow-provider-gpu[testing]``."""
+    requires = [line.removeprefix("Requires-Dist: ") for line in _metadata(installed.wheel) if "Requires-Dist" in line]
+    assert 'moto[server]>=5.0; extra == "testing"' in requires
+    assert not [r for r in requires if r.startswith("moto") and 'extra == "testing"' not in r and "dev" not in r]
+    code = (
+        "import importlib, json, sys\n"
+        "for blocked in ('moto', 'flask', 'boto3', 'botocore'):\n"
+        "    sys.modules[blocked] = None  # as if the extra were not installed\n"
+        "import gpu_provider, gpu_provider.operators, gpu_provider.sensors, gpu_provider.triggers\n"
+        "import gpu_provider.testing, gpu_provider.testing.plugin, gpu_provider.testing.dagrun\n"
+        "import gpu_provider.testing.check\n"
+        f"loaded = sorted(m for m in sys.modules if sys.modules[m] is not None and m.startswith({TESTING_ONLY!r}))\n"
+        "try:\n"
+        "    importlib.import_module('gpu_provider.testing.emulators.aws_batch')\n"
+        "except ImportError as err:\n"
+        "    error = f'{type(err).__name__}: {err}'\n"
+        "print(json.dumps({'loaded': loaded, 'where': gpu_provider.__file__, 'error': error}))\n"
+    )
+    done = installed.run(["-c", code], env={"PATH": os.environ.get("PATH", "")})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["where"].startswith(str(installed.site))
+    assert result["loaded"] == []
+    assert result["error"].startswith("MissingExtraError: gpu_provider.testing.emulators needs moto"), result
+    assert "pip install 'airflow-provider-gpu[testing]'" in result["error"]
+    # the plugin is registered with pytest through the wheel's entry point
+    points = installed.run(
+        ["-c", "from importlib.metadata import entry_points as e; print([p.value for p in e(group='pytest11')])"],
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert "gpu_provider.testing.plugin" in points.stdout, points.stdout + points.stderr
 
 
 def test_the_wheel_carries_its_license(installed: Installed) -> None:
@@ -252,3 +293,183 @@ def test_the_example_pipeline_runs_from_the_wheel(installed: Installed, pipeline
     assert "XCom not found" not in log
     print(f"\nwheel install: the example pipeline ran in {elapsed:.0f}s")
     assert elapsed < 120, f"took {elapsed:.0f}s"
+
+
+# --- gpu_provider.testing from the wheel: a user's own project tests its pipeline ----------------------------
+
+SAMPLE_DAG = """
+import sys
+from pathlib import Path
+
+from airflow.sdk import DAG
+from gpu_provider import SpotFallback
+from gpu_provider.operators import GpuJobOperator
+
+PROJECT = Path(__file__).resolve().parent.parent
+DATA = PROJECT / "data" / "{{ run_id | path_segment }}"
+
+with DAG(dag_id="sample_pipeline", schedule=None, catchup=False, params={"steps": 30}) as dag:
+    prep = GpuJobOperator(
+        task_id="prep",
+        command=[sys.executable, str(PROJECT / "jobs" / "prep.py"), f"{DATA}/prep"],
+        backend="local",
+    )
+    # the same training on each backend, on spot with a fallback to on-demand
+    for task_id, backend in {"local": "local", "batch": "batch", "k8s": "kubernetes"}.items():
+        prep >> GpuJobOperator(
+            task_id=task_id,
+            command=[
+                sys.executable, str(PROJECT / "jobs" / "train.py"),
+                "--data", "{{ ti.xcom_pull(task_ids='prep')['output_uri'] }}",
+                "--steps", "{{ params.steps }}",
+                "--out", f"{DATA}/{task_id}/model",
+            ],
+            backend=backend,
+            image="sample-trainer:1",
+            capacity=SpotFallback(after_preemptions=1, backoff=0),
+            checkpoint=f"file://{DATA}/{task_id}/checkpoints",
+        )
+"""
+
+SAMPLE_PREP = """
+import sys
+from pathlib import Path
+from gpu_provider.runtime import declare_output
+
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "rows.txt").write_text("1 2 3")
+declare_output(out.as_uri())
+"""
+
+SAMPLE_TRAIN = """
+import argparse, json, sys, time
+from pathlib import Path
+from gpu_provider.runtime import (
+    declare_output, install_stop_handler, job_env, restore_checkpoint, resume_checkpoint, save_checkpoint
+)
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--data", required=True)
+parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+env, stop = job_env(), install_stop_handler()
+step, starts = 0, []
+resumed = resume_checkpoint()
+if resumed:
+    state = json.loads((restore_checkpoint(resumed) / "state.json").read_text())
+    step, starts = state["step"], state["starts"]
+starts.append(step)
+
+def save():
+    with save_checkpoint(env.checkpoint_uri, step) as folder:
+        (folder / "state.json").write_text(json.dumps({"step": step, "starts": starts}))
+
+while step < args.steps:
+    time.sleep(0.1)
+    step += 1
+    if stop.requested:
+        save()
+        sys.exit(143)
+    if step % 2 == 0:
+        save()
+out = Path(args.out)
+out.mkdir(parents=True, exist_ok=True)
+(out / "model.json").write_text(json.dumps({"steps": step, "starts": starts}))
+declare_output(out.as_uri())
+"""
+
+#: a job program that ignores SIGTERM: an interruption kills it after the grace period, unsaved
+SAMPLE_DEAF = """
+import json, signal, time
+from gpu_provider.runtime import job_env, save_checkpoint
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+env = job_env()
+for step in range(1, 31):
+    time.sleep(0.05)
+    if step % 5 == 0:
+        with save_checkpoint(env.checkpoint_uri, step) as folder:
+            (folder / "state.json").write_text(json.dumps({"step": step}))
+"""
+
+SAMPLE_TESTS = """
+import json
+import sys
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+DAG = PROJECT / "dags" / "sample_pipeline.py"
+
+
+def test_training_on_every_backend_resumes_on_demand_after_a_spot_interruption(
+    run_gpu_dag, gpu_local, gpu_aws, gpu_kubernetes
+):
+    gpu_aws.reclaim_spot_after(2.0, name_contains="-batch-")
+    gpu_kubernetes.disrupt_after(2.0, name_contains="-k8s-")
+    run = run_gpu_dag(DAG, interrupt={"local": [2.0]})
+
+    assert run.state == "success", run.log[-3000:]
+    assert run["prep"].output.endswith("/prep") and run["prep"].capacities == ["on-demand"]
+    for task_id in ("local", "batch", "k8s"):
+        task = run[task_id]
+        assert task.capacities == ["spot", "on-demand"], (task_id, task.attempts)
+        assert task.attempt_states == ["PREEMPTED", "SUCCEEDED"], (task_id, task.attempts)
+        assert task.resume_steps[0] is None and (task.resume_steps[1] or 0) > 0, (task_id, task.attempts)
+        model = json.loads((Path(task.output.removeprefix("file://")) / "model.json").read_text())
+        assert model == {"steps": 30, "starts": [0, task.resume_steps[1]]}, task_id
+    assert [a["queue"] for a in run["batch"].attempts] == ["gpu-spot", "gpu-on-demand"]
+    assert "terminated" in run["batch"].attempts[0]["reason"]
+    assert "DisruptionTarget" in run["k8s"].attempts[0]["reason"]
+    assert gpu_local.jobs(), "the local tasks ran in the fixture's state directory"
+
+
+def test_the_checker_reports_a_program_that_ignores_sigterm(gpu_check):
+    report = gpu_check([sys.executable, str(PROJECT / "jobs" / "deaf.py")], interrupt_after=0.5, grace_period=0.5)
+    assert not report.ok
+    assert report["sigterm"].ok is False, report.text()
+    assert "ignores or blocks SIGTERM" in report["sigterm"].message
+    assert report["output"].ok is False
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_sample_project_tests_its_pipeline_with_the_testing_extra(installed: Installed, tmp_path: Path) -> None:
+    """What a user does: ``pip install 'airflow-provider-gpu[testing]'`` next to their project, then write
+    plain pytest tests with the plugin's fixtures (found through the entry point; no conftest). Offline:
+    the extra's requirements are satisfied by what this test's environment has (the ``.pth`` line)."""
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q", "--python"]
+    extra = subprocess.run(
+        [*pip, str(installed.python), "install", "--no-index", f"{installed.wheel}[testing]"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert extra.returncode == 0, extra.stdout + extra.stderr
+    project = tmp_path / "sample"
+    files = {
+        "dags/sample_pipeline.py": SAMPLE_DAG,
+        "jobs/prep.py": SAMPLE_PREP,
+        "jobs/train.py": SAMPLE_TRAIN,
+        "jobs/deaf.py": SAMPLE_DEAF,
+        "tests/test_sample_pipeline.py": SAMPLE_TESTS,
+    }
+    for name, text in files.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text.lstrip())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "GPU_", "PYTEST")) and k != "PYTHONPATH"}
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(installed.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "tests"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    elapsed = time.monotonic() - started
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-8000:]
+    assert "2 passed" in output, output[-3000:]
+    print(f"\nsample project: its tests with gpu_provider.testing's fixtures passed in {elapsed:.0f}s")

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferred
 
-from emulators.aws_ec2 import Ec2SpotEmulator
 from gpu_provider.exceptions import SpotCapacityError
 from gpu_provider.sensors import SpotCapacitySensor
+from gpu_provider.testing.emulators.aws_ec2 import Ec2SpotEmulator
 from gpu_provider.triggers.spot_capacity import SpotCapacityTrigger
 from tests.ec2_world import ec2_connection_env
 from tests.harness import Harness

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from emulators.aws_ec2 import PRICE_HISTORY, Ec2SpotEmulator
 from gpu_provider import names
 from gpu_provider.backends.base import backend_class, registered_backends
 from gpu_provider.backends.sagemaker.mapping import INSTANCE_TABLE
@@ -26,6 +25,7 @@ from gpu_provider.spend.prices import (
     parse_overrides,
     shipped_table,
 )
+from gpu_provider.testing.emulators.aws_ec2 import PRICE_HISTORY, Ec2SpotEmulator
 
 FAMILIES = ("g4dn", "g5", "g6", "g6e", "p4d", "p4de", "p5", "p5e", "trn1", "inf2")
 

@@ -293,8 +293,8 @@ class BatchBackendWorld(BackendWorld):
 
 
 class KubernetesBackendWorld(BackendWorld):
-    """Kubernetes on the fake API server (``emulators/kubernetes.py``): pods run as local processes on
-    emulated Karpenter nodes that come up 0.3 s after a pod asks; a held capacity is a shortage of
+    """Kubernetes on the fake API server (``gpu_provider/testing/emulators/kubernetes.py``): pods run as local
+    processes on emulated Karpenter nodes that come up 0.3 s after a pod asks; a held capacity is a shortage of
     both capacity types (pods stay ``Pending``, ``Unschedulable``); a preemption reclaims the spot
     node under the pod. The ``kubernetes`` fixture deletes whatever a test left.
     """

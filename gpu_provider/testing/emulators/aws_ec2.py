@@ -41,8 +41,8 @@ from moto.core.responses import ActionResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
 
-from emulators.aws_batch_jobs import DUMMY_CREDENTIALS
-from emulators.core import Faults, Middleware, Patches, RecordingMotoServer, RequestLog
+from gpu_provider.testing.emulators.aws_batch_jobs import DUMMY_CREDENTIALS
+from gpu_provider.testing.emulators.core import Faults, Middleware, Patches, RecordingMotoServer, RequestLog
 
 PLACEMENT_SCORES = "GetSpotPlacementScores"
 PRICE_HISTORY = "DescribeSpotPriceHistory"

@@ -1,7 +1,7 @@
 """The shared core of the AWS emulators: moto's threaded server with a middleware in front that
 records every request of the emulated services and injects faults, and patching helpers.
 
-A service emulator (:mod:`emulators.aws_batch`) gives the middleware two functions: one that names
+A service emulator (:mod:`gpu_provider.testing.emulators.aws_batch`) gives the middleware two functions: one that names
 a request's action (``SubmitJob``, ``logs:GetLogEvents``; ``None`` for requests it does not track)
 and one that words an error as the service does (HTTP status, error code). Faults, per action
 (``"*"``: every tracked action, each counted on its own):

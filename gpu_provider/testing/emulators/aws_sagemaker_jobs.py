@@ -1,6 +1,6 @@
 """The job runner of the SageMaker emulator: each training job's hosts run as local processes.
 
-:class:`JobRunner` is mixed into :class:`emulators.aws_sagemaker.SageMakerEmulator` (as the Batch
+:class:`JobRunner` is mixed into :class:`gpu_provider.testing.emulators.aws_sagemaker.SageMakerEmulator` (as the Batch
 emulator's runner is into its emulator): it takes a job through Starting -> Downloading -> Training
 -> Uploading -> Completed with ``SecondaryStatusTransitions``, starts one process per host with its
 own ``/opt/ml``, copies each host's output to CloudWatch Logs, syncs ``CheckpointConfig`` with S3,
@@ -28,7 +28,7 @@ from typing import Any
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.logs.models import logs_backends
 
-logger = logging.getLogger("emulators.aws_sagemaker")
+logger = logging.getLogger("gpu_provider.testing.emulators.aws_sagemaker")
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 DUMMY_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}

@@ -45,12 +45,12 @@ What it adds to moto (moto 5.2.5; everything is undone by :meth:`BatchEmulator.s
   ListJobs filter. ListJobs without ``jobStatus`` or filters returns RUNNING jobs only, filtered
   results come newest first and leave out array children (moto: every status, queue order).
 
-The job runner (states, processes, logs, multi-node views) is :mod:`emulators.aws_batch_jobs`; the
-server, the request log and the faults are the shared :mod:`emulators.core`.
+The job runner (states, processes, logs, multi-node views) is :mod:`gpu_provider.testing.emulators.aws_batch_jobs`; the
+server, the request log and the faults are the shared :mod:`gpu_provider.testing.emulators.core`.
 
 Command line, for ``make demo``::
 
-    python -m emulators.aws_batch serve --port 0 --job-cwd DIR --ready-file PATH [--fair-share]
+    python -m gpu_provider.testing.emulators.aws_batch serve --port 0 --job-cwd DIR --ready-file PATH [--fair-share]
         [--preempt-after SECONDS --preempt-queue gpu-spot --preempt-name-contains train --preempt-count 1]
 """
 
@@ -82,7 +82,7 @@ from moto.batch import models as batch_models
 from moto.batch.exceptions import ClientException
 from moto.moto_api import state_manager
 
-from emulators.aws_batch_jobs import (
+from gpu_provider.testing.emulators.aws_batch_jobs import (
     DUMMY_CREDENTIALS,
     JobRun,
     JobRunner,
@@ -90,7 +90,7 @@ from emulators.aws_batch_jobs import (
     job_state,
     kill_group,
 )
-from emulators.core import (
+from gpu_provider.testing.emulators.core import (
     SERVER_ERROR,
     THROTTLED,
     Faults,
@@ -802,7 +802,7 @@ def _batch_routes() -> list[tuple[str, re.Pattern[str], str]]:
 def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logger.setLevel(logging.INFO)
-    logging.getLogger("emulators").setLevel(logging.INFO)  # the job runner's state changes too
+    logging.getLogger("gpu_provider.testing.emulators").setLevel(logging.INFO)  # the job runner's state changes too
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -846,7 +846,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emulators.aws_batch", description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gpu_provider.testing.emulators.aws_batch", description=__doc__.split("\n", 1)[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the emulator with the provider's queues until SIGTERM/SIGINT")
     serve.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0: a free one)")

@@ -1,7 +1,7 @@
 """The controllers of the Kubernetes emulator: pods scheduled on emulated Karpenter nodes and run as
 local processes, and the Job controller (indexed pods, ``podFailurePolicy``, deadlines).
 
-:class:`PodRunner` is mixed into :class:`emulators.kubernetes.KubernetesEmulator` (as the Batch and
+:class:`PodRunner` is mixed into :class:`gpu_provider.testing.emulators.kubernetes.KubernetesEmulator` (as the Batch and
 SageMaker emulators' runners are into theirs); it steps every pod and job each tick under the
 emulator's lock and uses its objects, faults and settings.
 """
@@ -22,7 +22,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-logger = logging.getLogger("emulators.kubernetes")
+logger = logging.getLogger("gpu_provider.testing.emulators.kubernetes")
 
 CAPACITY_TYPE = "karpenter.sh/capacity-type"
 NODEPOOL = "karpenter.sh/nodepool"

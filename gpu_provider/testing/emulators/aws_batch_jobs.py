@@ -1,6 +1,6 @@
 """The job runner of the AWS Batch emulator: each job's containers run as local processes.
 
-:class:`JobRunner` is mixed into :class:`emulators.aws_batch.BatchEmulator`: it takes a moto job
+:class:`JobRunner` is mixed into :class:`gpu_provider.testing.emulators.aws_batch.BatchEmulator`: it takes a moto job
 through SUBMITTED -> PENDING -> RUNNABLE -> STARTING -> RUNNING about ``step_seconds`` apart, starts
 one process per node (in its own session, with Batch's environment), copies each node's output to
 its CloudWatch Logs stream line by line, stops the processes on a terminate, a preemption or a
@@ -27,7 +27,7 @@ from typing import Any
 
 from moto.batch import models as batch_models
 
-from emulators.core import current_body
+from gpu_provider.testing.emulators.core import current_body
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def kill_group(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
 
 
 class JobRunner:
-    """The job lifecycle and processes of :class:`~emulators.aws_batch.BatchEmulator` (a mixin)."""
+    """The job lifecycle and processes of :class:`~gpu_provider.testing.emulators.aws_batch.BatchEmulator` (a mixin)."""
 
     step_seconds: float
     grace_period: float

@@ -27,7 +27,8 @@ points a client at it):
 * Faults from tests: :meth:`reclaim` takes a spot node back (its pods get a ``DisruptionTarget``
   condition, SIGTERM, and end ``Failed``), :meth:`set_shortage`, :meth:`forget` (an object vanishes
   without a trace), :meth:`report_phase` (a phase no Kubernetes has), request throttling through
-  :class:`emulators.core.Faults` (HTTP 429), and a request log (:class:`emulators.core.RequestLog`).
+  :class:`gpu_provider.testing.emulators.core.Faults` (HTTP 429), and a request log
+  (:class:`gpu_provider.testing.emulators.core.RequestLog`).
 
 What it does not do, on purpose: no admission, no schema validation (tests validate manifests with
 ``kubernetes-validate``), no RBAC, no resource accounting (a node per pod, any number), no
@@ -56,8 +57,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from emulators.core import Faults, RequestLog
-from emulators.kubernetes_pods import (
+from gpu_provider.testing.emulators.core import Faults, RequestLog
+from gpu_provider.testing.emulators.kubernetes_pods import (
     Container,
     PodRunner,
     field_value,
@@ -629,11 +630,11 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m emulators.kubernetes serve --kubeconfig PATH [--ready-file PATH] [--job-cwd DIR]
+    """``python -m gpu_provider.testing.emulators.kubernetes serve --kubeconfig PATH [--ready-file PATH] [--job-cwd DIR]
     [--reclaim-after SECONDS --reclaim-name-contains TEXT --reclaim-count N]``: serve until SIGTERM."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m emulators.kubernetes")
+    parser = argparse.ArgumentParser(prog="python -m gpu_provider.testing.emulators.kubernetes")
     parser.add_argument("command", choices=["serve"])
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--ready-file")

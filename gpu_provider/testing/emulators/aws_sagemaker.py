@@ -2,7 +2,8 @@
 
 moto's SageMaker creates every training job already ``Completed``, never progresses it and has no
 StopTrainingJob, so this emulator answers the training-job API itself (in front of moto, on the
-shared :mod:`emulators.core` server: request log, faults) and leaves S3 and CloudWatch Logs to moto:
+shared :mod:`gpu_provider.testing.emulators.core` server: request log, faults) and leaves S3 and
+CloudWatch Logs to moto:
 
 * **CreateTrainingJob, DescribeTrainingJob, ListTrainingJobs, StopTrainingJob, AddTags, ListTags,
   DeleteTags** as SageMaker answers them (JSON 1.1), with the rules moto does not enforce answered
@@ -42,7 +43,7 @@ shared :mod:`emulators.core` server: request log, faults) and leaves S3 and Clou
 
 Command line, for ``make demo``::
 
-    python -m emulators.aws_sagemaker serve --port 0 --job-root DIR --job-cwd DIR --ready-file PATH
+    python -m gpu_provider.testing.emulators.aws_sagemaker serve --port 0 --job-root DIR --job-cwd DIR --ready-file PATH
         [--interrupt-after SECONDS --interrupt-name-contains train --interrupt-count 1]
 """
 
@@ -67,8 +68,15 @@ from typing import Any
 import boto3
 from moto.core import DEFAULT_ACCOUNT_ID
 
-from emulators.aws_sagemaker_jobs import DUMMY_CREDENTIALS, JobRunner, TrainingJob, kill_process
-from emulators.core import SERVER_ERROR, THROTTLED, Faults, Middleware, RecordingMotoServer, RequestLog
+from gpu_provider.testing.emulators.aws_sagemaker_jobs import DUMMY_CREDENTIALS, JobRunner, TrainingJob, kill_process
+from gpu_provider.testing.emulators.core import (
+    SERVER_ERROR,
+    THROTTLED,
+    Faults,
+    Middleware,
+    RecordingMotoServer,
+    RequestLog,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -654,7 +662,9 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emulators.aws_sagemaker", description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gpu_provider.testing.emulators.aws_sagemaker", description=__doc__.split("\n", 1)[0]
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the emulator until SIGTERM/SIGINT")
     serve.add_argument("--port", type=int, default=0)
