@@ -107,8 +107,7 @@ def create_app() -> FastAPI:
         attempts, snap = _attempts(user)
         now = time.time()
         rows = data.running(attempts, now)
-        for row in rows:
-            row.update(_links(row))
+        _add_links(rows)
         allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
         live = {k: j for k, j in snap.live.jobs.items() if j.task is not None and j.task.dag_id in allowed}
         # the records of every permitted DAG count as known (not only the window's running ones)
@@ -126,8 +125,7 @@ def create_app() -> FastAPI:
         _json_headers(response)
         found, snap = _attempts(user)
         page = data.recent(found, time.time(), offset=offset, limit=limit, team=team)
-        for row in page["attempts"]:
-            row.update(_links(row))
+        _add_links(page["attempts"])
         return {**_meta(snap), **page}
 
     @api.get("/gpus_in_use")
@@ -151,13 +149,23 @@ def create_app() -> FastAPI:
     return app
 
 
-def _links(row: dict[str, Any]) -> dict[str, Any]:
-    """The job's console and log links, from its backend (configured as the page's ``ui_backends``)."""
+def _add_links(rows: list[dict[str, Any]]) -> None:
+    """Each job's console and log links, from its backend (configured as the page's ``ui_backends``)."""
+    backends: dict[str, Any] = {}
+    for row in rows:
+        row.update(_links(row, backends))
+
+
+def _links(row: dict[str, Any], backends: dict[str, Any]) -> dict[str, Any]:
     from gpu_provider.backends.base import JobHandle
 
     console = logs = None
+    extra = row.pop("_extra", None) or {}
     try:
-        backend = _backend(str(row["backend"]))
+        name = str(row["backend"])
+        if name not in backends:
+            backends[name] = _backend(name)
+        backend = backends[name]
         handle = JobHandle(
             backend=str(row["backend"]),
             job_id=str(row["job_id"]),
@@ -165,7 +173,7 @@ def _links(row: dict[str, Any]) -> dict[str, Any]:
             attempt=int(row["attempt"]),
             capacity=str(row["capacity"]),
             submitted_at=0.0,
-            extra=row.pop("_extra", None) or {},
+            extra=extra,
         )
         console, logs = backend.console_url(handle), backend.logs_url(handle)
     except Exception:  # a link is a convenience: a backend that cannot build one shows none

@@ -97,6 +97,16 @@ class TaskRow:
     pool: str | None = None
     pool_slots: int | None = None
     ti_end_date: datetime | None = None
+    records: tuple[AttemptRecord, ...] | None = None
+    """``value`` parsed (:func:`parse_records`); a reader that parsed it already passes it here."""
+
+
+def parse_records(value: str) -> tuple[AttemptRecord, ...]:
+    """The attempt records of a stored value (a damaged value gives none)."""
+    try:
+        return tuple(load_records(json.loads(value)))
+    except (TypeError, ValueError):
+        return ()
 
 
 @dataclass
@@ -190,12 +200,8 @@ def attempts_of(
     """
     out = []
     for row in rows:
-        try:
-            data = json.loads(row.value)
-        except (TypeError, ValueError):
-            continue
         team = team_of_pool(row.pool)
-        for record in load_records(data):
+        for record in row.records if row.records is not None else parse_records(row.value):
             live = live_jobs.get(record.job_id)
             start = _ts(record.started_at) or (live.started_at if live else None)
             end = _ts(record.ended_at)

@@ -23,7 +23,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from gpu_provider.backends.base import Backend, OwnedJob, provider_config, resolve_backend
-from gpu_provider.plugins.ui.data import TEAM_POOL_PREFIX, WINDOWS, PoolRow, TaskRow
+from gpu_provider.plugins.ui.data import TEAM_POOL_PREFIX, WINDOWS, PoolRow, TaskRow, parse_records
+from gpu_provider.records import AttemptRecord
 
 #: the task state store key of the operator's attempt records (``GpuJobOperator`` writes it)
 STATE_KEY = "gpu_provider_attempts"
@@ -31,6 +32,8 @@ STATE_KEY = "gpu_provider_attempts"
 MAX_TASK_ROWS = 20_000
 #: seconds a read of the records, the pools and the live jobs is reused
 CACHE_S = 10.0
+#: state store rows fetched by id per query
+FETCH_CHUNK = 500
 #: seconds one backend's ``list_owned`` may take before the page goes on without it
 LIVE_TIMEOUT_S = 10.0
 
@@ -50,8 +53,48 @@ def ui_backends() -> list[Backend]:
     return [resolve_backend(v) for v in value]
 
 
-def read_task_rows(session: Any, since: datetime, limit: int = MAX_TASK_ROWS) -> tuple[list[TaskRow], bool]:
+class RecordCache:
+    """Parsed attempt records by state store row, so that a refresh fetches and parses only the rows
+    written since the last one (a row is rewritten whenever its task's attempts change)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, tuple[Any, tuple[AttemptRecord, ...]]] = {}
+        self.fetched = 0
+        self._lock = threading.Lock()
+        """Rows whose value the last read fetched and parsed."""
+
+    def reset(self) -> None:
+        with self._lock:
+            self._rows = {}
+
+    def records(self, session: Any, wanted: dict[int, Any]) -> dict[int, tuple[AttemptRecord, ...]]:
+        """The records of the rows ``wanted`` (id -> updated_at), fetching the new and changed ones by id."""
+        with self._lock:
+            return self._records(session, wanted)
+
+    def _records(self, session: Any, wanted: dict[int, Any]) -> dict[int, tuple[AttemptRecord, ...]]:
+        from airflow.models.task_state_store import TaskStateStoreModel as Store
+        from sqlalchemy import select
+
+        stale = [i for i, updated in wanted.items() if i not in self._rows or self._rows[i][0] != updated]
+        for chunk in range(0, len(stale), FETCH_CHUNK):
+            ids = stale[chunk : chunk + FETCH_CHUNK]
+            for i, value, updated in session.execute(
+                select(Store.id, Store.value, Store.updated_at).where(Store.id.in_(ids))
+            ):
+                self._rows[i] = (updated, parse_records(value))
+        self.fetched = len(stale)
+        self._rows = {i: self._rows[i] for i in wanted if i in self._rows}  # forget rows out of the window
+        return {i: entry[1] for i, entry in self._rows.items()}
+
+
+def read_task_rows(
+    session: Any, since: datetime, limit: int = MAX_TASK_ROWS, cache: RecordCache | None = None
+) -> tuple[list[TaskRow], bool]:
     """State store rows of the operator's key updated since ``since`` with their task instances.
+
+    The rows' values (the records) are fetched by primary key in a second step, and only for rows the
+    ``cache`` has not seen at their current ``updated_at``.
 
     :return: the rows (newest first) and whether ``limit`` cut them
     """
@@ -61,11 +104,11 @@ def read_task_rows(session: Any, since: datetime, limit: int = MAX_TASK_ROWS) ->
 
     query = (
         select(
+            Store.id,
             Store.dag_id,
             Store.run_id,
             Store.task_id,
             Store.map_index,
-            Store.value,
             Store.updated_at,
             TI.state,
             TI.pool,
@@ -86,22 +129,27 @@ def read_task_rows(session: Any, since: datetime, limit: int = MAX_TASK_ROWS) ->
         .order_by(Store.updated_at.desc())
         .limit(limit + 1)
     )
+    found = list(session.execute(query))
+    truncated = len(found) > limit
+    found = found[:limit]
+    records = (cache or RecordCache()).records(session, {r.id: r.updated_at for r in found})
     rows = [
         TaskRow(
             dag_id=r.dag_id,
             run_id=r.run_id,
             task_id=r.task_id,
             map_index=r.map_index,
-            value=r.value,
+            value="",
             updated_at=r.updated_at,
             ti_state=str(r.state.value if hasattr(r.state, "value") else r.state) if r.state is not None else None,
             pool=r.pool,
             pool_slots=r.pool_slots,
             ti_end_date=r.end_date,
+            records=records.get(r.id, ()),
         )
-        for r in session.execute(query)
+        for r in found
     ]
-    return rows[:limit], len(rows) > limit
+    return rows, truncated
 
 
 def read_pools(session: Any) -> list[PoolRow]:
@@ -199,6 +247,7 @@ class Snapshot:
 
 
 _snapshot = _Cached(CACHE_S)
+_records = RecordCache()
 
 
 def snapshot(backends: Callable[[], Sequence[Backend]] = ui_backends) -> Snapshot:
@@ -216,13 +265,16 @@ def _read(backends: Callable[[], Sequence[Backend]]) -> Snapshot:
     except Exception as err:  # a bad ui_backends value: show the page, say why live state is missing
         live = LiveJobs(errors=[f"[gpu_provider] ui_backends: {err}"])
     with create_session() as session:
-        rows, truncated = read_task_rows(session, now - max(WINDOWS.values()) - timedelta(hours=1))
+        rows, truncated = read_task_rows(session, now - max(WINDOWS.values()) - timedelta(hours=1), cache=_records)
         pools = read_pools(session)
     return Snapshot(rows, truncated, pools, live, now.timestamp(), time.monotonic() - began)
 
 
-def clear_cache() -> None:
+def clear_cache(*, records: bool = False) -> None:
+    """Forget the last read (``records``: the parsed records too, so the next read fetches every row)."""
     _snapshot.clear()
+    if records:
+        _records.reset()
 
 
 def permitted(rows: Sequence[TaskRow], dag_ids: Mapping[str, Any] | set[str] | None) -> list[TaskRow]:
