@@ -13,17 +13,42 @@ built against the UI's React version; a plain page needs nothing but the browser
 
 from __future__ import annotations
 
-from airflow.plugins_manager import AirflowPlugin
+import threading
+from typing import Any
 
-from gpu_provider.plugins.ui.app import create_app
+from airflow.plugins_manager import AirflowPlugin
 
 #: where the API server mounts the page's app
 URL_PREFIX = "/gpu"
 
 
+class LazyApp:
+    """An ASGI app that builds the page's FastAPI app on its first request.
+
+    Every Airflow component loads plugins (the scheduler, the DAG processor, task runs), but only the
+    API server serves the page: the app and the API modules it imports (about a second or more of
+    imports) are built there, when first asked, not wherever the plugin is loaded.
+    """
+
+    def __init__(self) -> None:
+        self._app: Any = None
+        self._lock = threading.Lock()
+
+    def app(self) -> Any:
+        with self._lock:
+            if self._app is None:
+                from gpu_provider.plugins.ui.app import create_app
+
+                self._app = create_app()
+            return self._app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app()(scope, receive, send)
+
+
 class GpuUiPlugin(AirflowPlugin):
     name = "gpu_provider_ui"
-    fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "GPU jobs"}]
+    fastapi_apps = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "GPU jobs"}]
     external_views = [
         {
             "name": "GPU",
