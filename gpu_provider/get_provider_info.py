@@ -459,6 +459,16 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "900",
                         "default": "600",
                     },
+                    "ui_backends": {
+                        "description": "The backends the GPU page asks for their active jobs (live state of running "
+                        "attempts, Backend.list_owned), as a JSON list of names or backend mappings. Empty: "
+                        "reaper_backends, else the local backend only (the API server then needs to see its state "
+                        "directory).",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": '["local", {"name": "batch", "region_name": "us-west-2"}]',
+                        "default": "",
+                    },
                 },
             }
         },

@@ -1,0 +1,1 @@
+"""Airflow plugins shipped with the provider (the GPU page, the priority weight strategy)."""

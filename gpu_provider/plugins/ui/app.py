@@ -1,0 +1,190 @@
+"""The GPU page's FastAPI app, mounted by Airflow's API server at ``/gpu`` (see :mod:`.plugin`).
+
+Every route but the navigation icon goes through Airflow's own auth dependencies, the ones its public
+API uses (``airflow.api_fastapi.core_api.security``): the caller must be signed in (JWT in the
+``Authorization`` header or the UI's ``_token`` cookie) and allowed to read task instances; the team
+table also needs pool read access. Rows are filtered to the DAGs the user may read
+(``get_authorized_dag_ids``), so a user sees the attempts of their DAGs only.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+from typing import Annotated, Any, Literal
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag, requires_access_pool
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Response
+
+from gpu_provider import __version__
+from gpu_provider.plugins.ui import data, queries
+
+#: files of the page (package data under ``static/``) and their media types
+STATIC = {
+    "index.html": "text/html; charset=utf-8",
+    "gpu.js": "text/javascript; charset=utf-8",
+    "gpu.css": "text/css; charset=utf-8",
+    "icon.svg": "image/svg+xml",
+}
+#: the most ended attempts one page of ``/api/attempts`` returns
+MAX_PAGE = 200
+
+read_tis = Depends(requires_access_dag("GET", DagAccessEntity.TASK_INSTANCE))
+read_pools = Depends(requires_access_pool("GET"))
+Window = Literal["day", "week", "month"]
+
+
+def _static(name: str) -> Response:
+    body = resources.files("gpu_provider.plugins.ui").joinpath("static").joinpath(name).read_bytes()
+    return Response(body, media_type=STATIC[name], headers={"Cache-Control": "no-cache"})
+
+
+def _json_headers(response: Response) -> None:
+    response.headers["Cache-Control"] = "no-store"
+
+
+def _attempts(user: Any) -> tuple[list[data.Attempt], queries.Snapshot]:
+    snap = queries.snapshot()
+    allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+    rows = queries.permitted(snap.rows, allowed)
+    return data.attempts_of(rows, snap.live.jobs, time.time(), snap.live.usd_per_hour), snap
+
+
+def _meta(snap: queries.Snapshot) -> dict[str, Any]:
+    return {
+        "generated_at": data._iso(snap.read_at),
+        "read_s": round(snap.read_s, 3),
+        "truncated": snap.truncated,
+        "max_task_rows": queries.MAX_TASK_ROWS,
+        "live_backends": snap.live.backends,
+        "live_jobs": len(snap.live.jobs),
+        "live_errors": snap.live.errors,
+        "version": __version__,
+    }
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="GPU jobs",
+        description="The GPU page of airflow-provider-gpu and the JSON endpoints behind it.",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    page = APIRouter(dependencies=[read_tis])
+    api = APIRouter(prefix="/api", dependencies=[read_tis])
+
+    @app.get("/icon.svg", include_in_schema=False)
+    def icon() -> Response:
+        """The navigation icon (public, like Airflow's own icons: it shows no data)."""
+        return _static("icon.svg")
+
+    @page.get("/", include_in_schema=False)
+    def index() -> Response:
+        return _static("index.html")
+
+    @page.get("/static/{name}", include_in_schema=False)
+    def static(name: str) -> Response:
+        if name not in STATIC or name == "index.html":
+            raise HTTPException(404, "Not Found")
+        return _static(name)
+
+    @api.get("/summary", dependencies=[read_pools])
+    def summary(user: GetUserDep, response: Response) -> dict[str, Any]:
+        """Per team: pool slots in use / total, waiting tasks and jobs, GPU-hours, cost, interruption rates."""
+        _json_headers(response)
+        attempts, snap = _attempts(user)
+        now = time.time()
+        return {**_meta(snap), "teams": data.team_figures(attempts, snap.pools, now)}
+
+    @api.get("/running")
+    def running(user: GetUserDep, response: Response) -> dict[str, Any]:
+        """The attempts running or waiting for capacity now, with live state from the backends."""
+        _json_headers(response)
+        attempts, snap = _attempts(user)
+        now = time.time()
+        rows = data.running(attempts, now)
+        _add_links(rows)
+        allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+        live = {k: j for k, j in snap.live.jobs.items() if j.task is not None and j.task.dag_id in allowed}
+        # the records of every permitted DAG count as known (not only the window's running ones)
+        return {**_meta(snap), "running": rows, "untracked": data.untracked(attempts, live, now)}
+
+    @api.get("/attempts")
+    def attempts(
+        user: GetUserDep,
+        response: Response,
+        offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        team: Annotated[str | None, Query(max_length=80)] = None,
+    ) -> dict[str, Any]:
+        """Ended attempts of the last 30 days, newest first: how each ended and why."""
+        _json_headers(response)
+        found, snap = _attempts(user)
+        page = data.recent(found, time.time(), offset=offset, limit=limit, team=team)
+        _add_links(page["attempts"])
+        return {**_meta(snap), **page}
+
+    @api.get("/gpus_in_use")
+    def gpus_in_use(user: GetUserDep, response: Response, window: Window = "day") -> dict[str, Any]:
+        """GPUs in use per team over the window (mean per bucket: 5 min, 1 h or 6 h)."""
+        _json_headers(response)
+        found, snap = _attempts(user)
+        return {**_meta(snap), **data.gpus_in_use(found, window, time.time())}
+
+    @api.get("/daily_cost")
+    def daily_cost(
+        user: GetUserDep, response: Response, days: Annotated[int, Query(ge=1, le=30)] = 30
+    ) -> dict[str, Any]:
+        """Estimated USD per team per UTC day."""
+        _json_headers(response)
+        found, snap = _attempts(user)
+        return {**_meta(snap), **data.daily_cost(found, days, time.time())}
+
+    app.include_router(page)
+    app.include_router(api)
+    return app
+
+
+def _add_links(rows: list[dict[str, Any]]) -> None:
+    """Each job's console and log links, from its backend (configured as the page's ``ui_backends``)."""
+    backends: dict[str, Any] = {}
+    for row in rows:
+        row.update(_links(row, backends))
+
+
+def _links(row: dict[str, Any], backends: dict[str, Any]) -> dict[str, Any]:
+    from gpu_provider.backends.base import JobHandle
+
+    console = logs = None
+    extra = row.pop("_extra", None) or {}
+    try:
+        name = str(row["backend"])
+        if name not in backends:
+            backends[name] = _backend(name)
+        backend = backends[name]
+        handle = JobHandle(
+            backend=str(row["backend"]),
+            job_id=str(row["job_id"]),
+            name=str(row["job_name"]),
+            attempt=int(row["attempt"]),
+            capacity=str(row["capacity"]),
+            submitted_at=0.0,
+            extra=extra,
+        )
+        console, logs = backend.console_url(handle), backend.logs_url(handle)
+    except Exception:  # a link is a convenience: a backend that cannot build one shows none
+        pass
+    return {"console_url": console, "logs_url": logs}
+
+
+def _backend(name: str) -> Any:
+    for backend in queries.ui_backends():
+        if backend.name == name:
+            return backend
+    from gpu_provider.backends.base import resolve_backend
+
+    return resolve_backend(name)

@@ -1,0 +1,186 @@
+"""The GPU page's figures from attempt records (gpu_provider.plugins.ui.data): classification of how
+attempts ended, team windows, interruption rates, the two charts' series and pagination."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from gpu_provider.backends.base import JobHandle, JobState, OwnedJob, TaskKey
+from gpu_provider.plugins.ui import data
+from gpu_provider.records import AttemptRecord, dump_records
+
+NOW = datetime(2026, 12, 3, 12, 0, 0, tzinfo=timezone.utc).timestamp()
+HOUR = 3600.0
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat()
+
+
+def record(
+    job_id: str,
+    *,
+    attempt: int = 1,
+    capacity: str = "spot",
+    state: JobState = JobState.SUCCEEDED,
+    start: float | None = NOW - 2 * HOUR,
+    end: float | None = NOW - HOUR,
+    gpu_seconds: float = 0.0,
+    cost: float | None = None,
+    **extra: Any,
+) -> AttemptRecord:
+    handle = JobHandle("local", job_id, job_id, attempt, capacity, (start or NOW) - 10)
+    return AttemptRecord(
+        attempt=attempt,
+        handle=handle,
+        state=state,
+        started_at=iso(start) if start else None,
+        ended_at=iso(end) if end else None,
+        gpu_seconds=gpu_seconds,
+        cost_usd=cost,
+        **extra,
+    )
+
+
+def row(*records: AttemptRecord, dag_id: str = "d", team: str | None = "vision", **extra: Any) -> data.TaskRow:
+    return data.TaskRow(
+        dag_id=dag_id,
+        run_id="r",
+        task_id="t",
+        map_index=-1,
+        value=json.dumps(dump_records(records)),
+        pool=f"gpu_{team}" if team else "default_pool",
+        **extra,
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "fields", "kind"),
+    [
+        (JobState.SUCCEEDED, {}, "succeeded"),
+        (JobState.PREEMPTED, {}, "preempted"),
+        (JobState.FAILED, {"interruption": "lost"}, "lost"),
+        (JobState.CANCELLED, {"interruption": "capacity_timeout"}, "capacity_timeout"),
+        (
+            JobState.CANCELLED,
+            {"reason": "gpu-provider: the GPU reaper: no live Airflow task is behind this job"},
+            "reaped",
+        ),
+        (JobState.CANCELLED, {"reason": "gpu-provider: Airflow task d.t was killed"}, "cancelled"),
+        (JobState.FAILED, {"reason": "exit code 3"}, "failed"),
+    ],
+)
+def test_how_an_attempt_ended(state: JobState, fields: dict[str, Any], kind: str) -> None:
+    assert data.end_kind(record("j", state=state, **fields)) == kind
+
+
+def test_the_reapers_cancel_reason_is_what_the_page_reads_as_reaped() -> None:
+    from gpu_provider.spend.reaper import reap
+
+    assert data.REAPED_MARK in inspect.signature(reap).parameters["reason"].default
+
+
+def test_a_record_left_running_by_a_task_that_ended_counts_as_ended_then() -> None:
+    stale = record("j", state=JobState.RUNNING, end=None, gpu_seconds=HOUR)
+    ti_end = datetime.fromtimestamp(NOW - HOUR, tz=timezone.utc)
+    (gone,) = data.attempts_of([row(stale, ti_state="failed", ti_end_date=ti_end)], {}, NOW)
+    assert not gone.active and gone.end == NOW - HOUR
+    (live,) = data.attempts_of([row(stale, ti_state="deferred")], {}, NOW)
+    assert live.active
+
+
+def test_a_live_job_gives_state_gpus_and_cost_of_a_running_attempt() -> None:
+    rec = record("j", state=JobState.QUEUED, start=None, end=None, capacity="on-demand")
+    owned = OwnedJob(
+        handle=rec.handle,
+        task=TaskKey("d", "t", "r"),
+        state=JobState.RUNNING,
+        started_at=NOW - HOUR,
+        nodes=2,
+        gpus=4.0,
+    )
+    (a,) = data.attempts_of([row(rec)], {"j": owned}, NOW, {"j": 8 * 1.5})
+    shown = a.to_dict(NOW)
+    assert (shown["state"], shown["gpus"], shown["gpus_per_node"], shown["nodes"]) == ("RUNNING", 8.0, 4.0, 2)
+    assert shown["running_for_s"] == HOUR
+    assert shown["cost_usd"] == pytest.approx(12.0)  # 8 GPUs x 1 h at $1.5 per GPU-hour
+    assert shown["gpu_hours"] == pytest.approx(8.0)
+
+
+def test_team_figures_windows_rates_and_pools() -> None:
+    rows = [
+        row(
+            record("a1", state=JobState.PREEMPTED, end=NOW - HOUR, gpu_seconds=2 * HOUR, cost=1.0),
+            record("a2", attempt=2, capacity="on-demand", end=NOW - 0.5 * HOUR, gpu_seconds=HOUR, cost=2.0),
+        ),
+        row(record("b1", end=NOW - 3 * 86400, start=NOW - 3 * 86400 - HOUR, gpu_seconds=HOUR, cost=4.0)),
+        row(record("c1", end=NOW - 20 * 86400, start=NOW - 20 * 86400 - HOUR, gpu_seconds=HOUR, cost=8.0), team=None),
+    ]
+    pools = [data.PoolRow("gpu_vision", 8, running=2, queued=1, deferred=3, scheduled=4, include_deferred=True)]
+    attempts = data.attempts_of(rows, {}, NOW)
+    vision, nobody = data.team_figures(attempts, pools, NOW)
+    assert (vision["team"], nobody["team"]) == ("vision", "-")
+    assert vision["slots_total"] == 8 and vision["slots_in_use"] == 6  # running + queued + deferred
+    assert vision["tasks_waiting"] == 5
+    assert vision["cost_usd"] == {"day": 3.0, "week": 7.0, "month": 7.0}
+    assert vision["gpu_hours"] == {"day": 3.0, "week": 4.0, "month": 4.0}
+    assert vision["interruption_rate"]["day"] == {
+        "on-demand": {"attempts": 1, "interrupted": 0, "rate": 0.0},
+        "spot": {"attempts": 1, "interrupted": 1, "rate": 1.0},
+    }
+    assert vision["interruption_rate"]["week"]["spot"] == {"attempts": 2, "interrupted": 1, "rate": 0.5}
+    assert nobody["cost_usd"] == {"day": 0.0, "week": 0.0, "month": 8.0} and nobody["pool"] is None
+
+
+def test_gpus_in_use_is_the_mean_over_each_bucket() -> None:
+    step = data.BUCKETS["day"].total_seconds()
+    last = (NOW // step) * step  # the bucket NOW is in
+    full = record("x", start=last - 2 * step, end=last - step, gpu_seconds=2 * step)  # 2 GPUs, one bucket
+    half = record("y", start=last - step, end=last - step / 2, gpu_seconds=4 * step / 2)  # 4 GPUs, half a bucket
+    series = data.gpus_in_use(data.attempts_of([row(full, half)], {}, NOW), "day", NOW)
+    values = series["teams"]["vision"]
+    assert len(values) == len(series["times"]) == 288
+    assert values[-3:] == [2.0, 2.0, 0.0]
+    assert sum(values) == 4.0
+
+
+def test_daily_cost_by_the_day_an_attempt_ended() -> None:
+    rows = [
+        row(record("a", end=NOW - HOUR, cost=1.25), record("b", attempt=2, end=NOW - 86400, cost=2.5)),
+        row(record("c", end=NOW - 2 * HOUR, cost=4.0), team="nlp"),
+    ]
+    cost = data.daily_cost(data.attempts_of(rows, {}, NOW), 7, NOW)
+    assert cost["days"][-1] == "2026-12-03" and len(cost["days"]) == 7
+    assert cost["teams"]["vision"][-2:] == [2.5, 1.25]
+    assert cost["teams"]["nlp"] == [0, 0, 0, 0, 0, 0, 4.0]
+
+
+def test_recent_attempts_page_newest_first() -> None:
+    records = [record(f"j{i}", attempt=i, end=NOW - i * 60) for i in range(1, 6)]
+    attempts = data.attempts_of([row(*records)], {}, NOW)
+    first = data.recent(attempts, NOW, offset=0, limit=2)
+    second = data.recent(attempts, NOW, offset=2, limit=2)
+    assert first["total"] == 5
+    assert [a["job_id"] for a in first["attempts"] + second["attempts"]] == ["j1", "j2", "j3", "j4"]
+    assert data.recent(attempts, NOW, offset=0, limit=5, team="nlp")["total"] == 0
+
+
+def test_a_live_job_no_record_knows_is_listed_apart() -> None:
+    known = record("known", state=JobState.RUNNING, end=None)
+    stray = OwnedJob(
+        handle=JobHandle("local", "stray", "stray", 1, "spot", NOW - 60),
+        task=TaskKey("d", "t", "r"),
+        state=JobState.RUNNING,
+        team="vision",
+        started_at=NOW - 30,
+        gpus=1.0,
+    )
+    attempts = data.attempts_of([row(known, ti_state="running")], {}, NOW)
+    mine = OwnedJob(handle=known.handle, task=TaskKey("d", "t", "r"), state=JobState.RUNNING, gpus=1.0)
+    (only,) = data.untracked(attempts, {"stray": stray, "known": mine}, NOW)
+    assert (only["job_id"], only["team"], only["running_for_s"]) == ("stray", "vision", 30.0)
