@@ -1,0 +1,1 @@
+"""Airflow plugins of the provider (entry points in the ``airflow.plugins`` group)."""
