@@ -187,7 +187,8 @@ class PoolSync:
             else:
                 q = urllib.parse.quote(change.pool, safe="")
                 mask = "update_mask=slots&update_mask=include_deferred"
-                self.api.send("PATCH", f"/pools/{q}?{mask}", {"slots": change.slots, "include_deferred": True})
+                body = {"pool": change.pool, "slots": change.slots, "include_deferred": True}
+                self.api.send("PATCH", f"/pools/{q}?{mask}", body)
         pools = set(existing) | {c.pool for c in report.changes if c.action == CREATE and not dry_run}
         if dry_run:
             pools |= {c.pool for c in report.changes if c.action == CREATE}
