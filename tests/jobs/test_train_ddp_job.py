@@ -22,7 +22,9 @@ from tests.harness import REPO, Harness
 
 TORCH = "2.13.0"
 EPOCHS, STEPS_PER_EPOCH, STEP_DELAY = 2, 30, 0.4
-INTERRUPT_AFTER_S = 15.0
+#: seconds of training (the steps' pacing); the interruption lands this share of it before the end
+TRAINING_S = EPOCHS * STEPS_PER_EPOCH * STEP_DELAY
+BEFORE_END = 0.35
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +59,10 @@ def torch_python() -> Path:
     return python
 
 
-def _ddp_task(harness: Harness, python: Path, name: str, capacity: str, data: Path) -> str:
+def _ddp_task(
+    harness: Harness, python: Path, name: str, capacity: str, data: Path, interrupt_after: float | None
+) -> str:
+    preemptions = [] if interrupt_after is None else [interrupt_after]
     torchrun = python.parent / "torchrun"
     script = (
         'exec "$0" --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node 1 '
@@ -89,7 +94,7 @@ def _ddp_task(harness: Harness, python: Path, name: str, capacity: str, data: Pa
     GpuJobOperator(
         task_id="job",
         backend=LocalBackend(
-            state_dir={str(harness.state_dir)!r}, simulate_preemptions=[{INTERRUPT_AFTER_S}], grace_period=60
+            state_dir={str(harness.state_dir)!r}, simulate_preemptions={preemptions!r}, grace_period=60
         ),
         command={command!r},
         env={{"OMP_NUM_THREADS": "1"}},
@@ -104,12 +109,19 @@ def _ddp_task(harness: Harness, python: Path, name: str, capacity: str, data: Pa
 def test_ddp_training_interrupted_once_resumes_to_the_same_model_as_an_uninterrupted_run(
     harness: Harness, torch_python: Path, dataset: Path
 ) -> None:
-    runs = {}
-    for name, capacity in (("plain", "on_demand"), ("spot", "spot_fallback")):  # one dag.test at a time (SQLite)
-        dag = harness.write_dag(f"ddp_{name}", _ddp_task(harness, torch_python, name, capacity, dataset))
-        runs[name] = harness.run(dag, f"ddp_{name}", timeout=420)
-    plain, spot = runs["plain"], runs["spot"]
+    # one dag.test at a time (they share a SQLite metadata DB); the uninterrupted run first: how long its
+    # job took (torch's start-up takes seconds of it, more on a busy machine) places the interruption
+    # of the spot run inside its training, about a third of the steps before the end
+    dag = harness.write_dag("ddp_plain", _ddp_task(harness, torch_python, "plain", "on_demand", dataset, None))
+    plain = harness.run(dag, "ddp_plain", timeout=420)
     assert plain.task()["state"] == "success", plain.log[-4000:]
+    (job_dir,) = (harness.state_dir / "jobs").glob("gp-ddp-plain-*")
+    took = (job_dir / "output_uri").stat().st_mtime - (job_dir / "request.json").stat().st_mtime
+    interrupt_after = round(max(1.0, took - BEFORE_END * TRAINING_S), 1)
+    dag = harness.write_dag(
+        "ddp_spot", _ddp_task(harness, torch_python, "spot", "spot_fallback", dataset, interrupt_after)
+    )
+    spot = harness.run(dag, "ddp_spot", timeout=420)
     assert spot.task()["state"] == "success", spot.log[-4000:]
     first, second = spot.task()["xcom"]["attempts"]
     assert (first["capacity"], first["state"]) == ("spot", "PREEMPTED"), first
