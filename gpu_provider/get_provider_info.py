@@ -416,6 +416,26 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "aws_default",
                         "default": "aws_default",
                     },
+                    "quota_file": {
+                        "description": "Path of the team quota file (YAML: teams with their GPUs, optional "
+                        "max_priority and monthly_budget_usd). `gpu-provider pools sync` creates each team's pool "
+                        "gpu_<team> from it; a GpuJobOperator whose team= is not in it, or whose priority= is above "
+                        "its team's max_priority, fails when the DAG is parsed; its monthly_budget_usd values are "
+                        "team budgets (team_monthly_budget_usd overrides them per team). Empty: no quota file.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "/opt/airflow/config/gpu_quotas.yaml",
+                        "default": "",
+                    },
+                    "backfill_priority_penalty": {
+                        "description": "How much lower the priority weight of a task is in a backfill run than in "
+                        "any other run, under the gpu_provider_priority plugin's weight rules (GpuJobOperator uses "
+                        "them): a retraining backfill queues behind this week's production runs. 0: no penalty.",
+                        "version_added": "0.4.0",
+                        "type": "integer",
+                        "example": "10000",
+                        "default": "1000",
+                    },
                     "team_monthly_budget_usd": {
                         "description": "Monthly budget per team, USD, as JSON. A task with team= whose team spent "
                         "this calendar month (UTC; the estimated cost of the team's attempts that ended, kept in the "

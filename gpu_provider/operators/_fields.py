@@ -121,15 +121,34 @@ def team_pool(team: Any, pool: Any, resources: GpuResources) -> dict[str, Any]:
     return {"pool": wanted, "pool_slots": resources.pool_slots}
 
 
-def priority_weight(priority: Any) -> dict[str, Any]:
-    """``priority=`` -> Airflow's ``priority_weight`` with the ``absolute`` weight rule."""
+#: the gpu_provider_priority plugin's weight rules, by name (gpu_provider.plugins.priority: importing it
+#: at DAG parse time would import Airflow's plugin manager)
+ABSOLUTE_RULE = "gpu_provider.plugins.priority.GpuAbsolutePriority"
+DOWNSTREAM_RULE = "gpu_provider.plugins.priority.GpuDownstreamPriority"
+
+
+def check_team_quota(team: str | None, priority: int | None) -> None:
+    """With a quota file configured: the team must be in it, and ``priority=`` within its ceiling."""
+    if team is None:
+        return
+    from gpu_provider.quotas.file import configured_quotas
+
+    quotas = configured_quotas()
+    if quotas is not None:
+        quotas.check_task(team, priority)
+
+
+def priority_weight(priority: Any, weight_rule: Any = None) -> dict[str, Any]:
+    """``priority=`` -> Airflow's ``priority_weight`` with the plugin's weight rule that puts backfill
+    runs last: absolute with ``priority=``, downstream (Airflow's default) without; a ``weight_rule``
+    the task sets itself is kept when no ``priority=`` is given."""
     if priority is None:
-        return {}
+        return {} if weight_rule is not None else {"weight_rule": DOWNSTREAM_RULE}
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise TypeError(f"priority={priority!r} ({type(priority).__name__}) must be an integer")
     if abs(priority) > 2**31 - 1:
         raise ValueError(f"priority={priority!r} must be between -2147483647 and 2147483647")
-    return {"priority_weight": priority, "weight_rule": "absolute"}
+    return {"priority_weight": priority, "weight_rule": ABSOLUTE_RULE}
 
 
 def positive_seconds(field: str, value: Any, maximum: float = MAX_DURATION_S) -> float | None:

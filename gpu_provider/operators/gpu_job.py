@@ -38,6 +38,7 @@ from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, 
 from gpu_provider.operators._fields import (
     any_templated,
     check_fixed_options,
+    check_team_quota,
     configured_poll_interval,
     positive_seconds,
     priority_weight,
@@ -102,7 +103,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         every attempt resumes from the newest complete checkpoint found there.
     :param team: the team that owns the job: sets ``pool="gpu_<team>"`` and ``pool_slots`` to the
         job's total GPUs rounded up; also tagged on the job for cost attribution.
-    :param priority: sets ``priority_weight`` with the ``absolute`` weight rule; backends with
+    :param priority: sets ``priority_weight`` with the ``absolute`` weight rule, lowered by
+        ``[gpu_provider] backfill_priority_penalty`` in backfill runs (the ``gpu_provider_priority``
+        plugin's ``GpuAbsolutePriority``; without ``priority=``, ``GpuDownstreamPriority``); backends with
         service-side priorities also pass it on (Batch: ``schedulingPriorityOverride`` on fair-share
         queues, 0-9999).
     :param max_runtime: longest one attempt may run (timedelta or seconds), enforced by the backend
@@ -151,7 +154,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     ) -> None:
         self.gpu_resources = to_resources(resources)
         kwargs.update(team_pool(team, kwargs.get("pool"), self.gpu_resources))
-        kwargs.update(priority_weight(priority))
+        kwargs.update(priority_weight(priority, kwargs.get("weight_rule")))
         super().__init__(**kwargs)
 
         self.command = command if is_templated(command) else validate_command(command)
@@ -188,6 +191,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         elif isinstance(backend, Mapping) and not is_templated(backend.get("name")):
             check_backend_name(str(backend.get("name")))
         warn_spot_without_checkpoint(self.task_id, self.capacity, self.checkpoint_uri, self.max_runtime_s)
+        check_team_quota(team, priority)
         self._handle: JobHandle | None = None
         self._backend: Backend | None = None
         self._run_id: str | None = None

@@ -13,8 +13,9 @@ The worst case of a submit, in USD::
     + price per GPU-hour (the dearest capacity the policy may use) x GPUs (all nodes)
       x max runtime in hours x attempts left (1 + max_interruptions + retries, less those made)
 
-Team monthly budgets (``[gpu_provider] team_monthly_budget_usd``, JSON ``{"team": USD}``) are
-summed over the attempts of the team's tasks that ended in the calendar month (UTC), kept in the
+Team monthly budgets (``[gpu_provider] team_monthly_budget_usd``, JSON ``{"team": USD}``, and the
+``monthly_budget_usd`` of the teams in the ``[gpu_provider] quota_file``; the former wins for a team
+in both) are summed over the attempts of the team's tasks that ended in the calendar month (UTC), kept in the
 Airflow Variable ``gpu_provider_spend_<YYYY-MM>`` (JSON ``{"team": USD}``, updated as each attempt
 ends). A submit is refused when that sum plus the submit's worst case (only what is bounded: an
 attempt without a max runtime adds nothing) passes the budget.
@@ -153,8 +154,14 @@ class SpendControl:
         cls, backend: Backend, resources: GpuResources, policy: CapacityPolicy, **kwargs: Any
     ) -> SpendControl:
         from gpu_provider.backends.base import provider_config
+        from gpu_provider.quotas.file import configured_quotas
 
-        budgets = parse_team_budgets(provider_config("team_monthly_budget_usd"))
+        quotas = configured_quotas()
+        # the quota file's monthly_budget_usd, with team_monthly_budget_usd taking precedence per team
+        budgets = {
+            **(quotas.budgets() if quotas else {}),
+            **parse_team_budgets(provider_config("team_monthly_budget_usd")),
+        }
         return cls(
             backend, resources, policy, team_budgets=budgets, ledger=SpendLedger() if budgets else None, **kwargs
         )

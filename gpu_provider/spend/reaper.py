@@ -128,6 +128,18 @@ class AirflowApi:
         except (OSError, ValueError) as err:
             raise AirflowApiError(f"Airflow API GET {path} failed: {err}") from err
 
+    def send(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """``method`` ``/api/v2<path>`` with a JSON body; any HTTP error is an :class:`AirflowApiError`."""
+        try:
+            return self._request(method, "/api/v2" + path, body, headers=self._headers())
+        except urllib.error.HTTPError as err:
+            detail = err.read(2000).decode(errors="replace").strip()
+            raise AirflowApiError(
+                f"Airflow API {method} {path} answered HTTP {err.code} {err.reason}: {detail}"
+            ) from err
+        except (OSError, ValueError) as err:
+            raise AirflowApiError(f"Airflow API {method} {path} failed: {err}") from err
+
     def task_instance(self, task: TaskKey) -> dict[str, Any] | None:
         q = urllib.parse.quote
         run = f"/dags/{q(task.dag_id, safe='')}/dagRuns/{q(task.run_id, safe='')}"

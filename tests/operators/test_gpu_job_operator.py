@@ -301,7 +301,7 @@ def test_team_sets_pool_and_slots_and_priority_sets_absolute_weight() -> None:
     )
     assert (task.pool, task.pool_slots) == ("gpu_vision", 8)
     assert task.priority_weight == 50
-    assert str(task.weight_rule).endswith("absolute")
+    assert str(task.weight_rule).endswith("GpuAbsolutePriority")  # absolute, lowered in backfill runs
     shared = GpuJobOperator(task_id="s", command=["true"], team="vision", resources=GpuResources(gpus=0.5))
     assert shared.pool_slots == 1
     plain = GpuJobOperator(task_id="p", command=["true"])
