@@ -1,4 +1,5 @@
-"""The anchors' aiobotocore, next to the project's pinned botocore: an overlay built at bench time.
+"""The anchors' aiobotocore, next to the project's pinned botocore (an overlay built at bench time), and the
+connection environments both sides of a benchmark use.
 
 The amazon provider's deferrable triggers (``BatchJobTrigger``, ``SageMakerTrigger``) need
 aiobotocore, and no aiobotocore release accepts the botocore 1.44 that ``constraints/`` pins
@@ -11,6 +12,7 @@ there. Never used by tests (no test may reach the network).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import tempfile
@@ -45,3 +47,20 @@ def anchor_pythonpath() -> str:
         )
         stamp.touch()
     return str(OVERLAY)
+
+
+def aws_env(endpoint_url: str, region: str) -> dict[str, str]:
+    """The environment that points ``aws_default`` (ours and the anchors') at an emulator, dummy credentials."""
+    extra = {"endpoint_url": endpoint_url, "region_name": region}
+    return {
+        "AIRFLOW_CONN_AWS_DEFAULT": json.dumps({"conn_type": "aws", "extra": extra}),
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": region,
+    }
+
+
+def kubernetes_env(kubeconfig: Path) -> dict[str, str]:
+    """The environment that points ``kubernetes_default`` (ours and the anchors') at a kubeconfig."""
+    extra = {"kube_config_path": str(kubeconfig)}
+    return {"AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps({"conn_type": "kubernetes", "extra": extra})}

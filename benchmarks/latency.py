@@ -42,7 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._anchor_env import anchor_pythonpath  # noqa: E402
+from benchmarks._anchor_env import anchor_pythonpath, aws_env  # noqa: E402
 
 SIDES = ("ours deferrable", "ours sync", "BatchOperator deferrable", "BatchOperator sync")
 
@@ -90,13 +90,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="gpu-bench-latency-") as tmp, BatchEmulator(job_cwd=REPO) as emulator:
         setup = emulator.create_environment(fair_share=False)
-        extra = {"endpoint_url": emulator.endpoint_url, "region_name": emulator.region}
-        env = {
-            "AIRFLOW_CONN_AWS_DEFAULT": json.dumps({"conn_type": "aws", "extra": extra}),
-            "AWS_ACCESS_KEY_ID": "bench",
-            "AWS_SECRET_ACCESS_KEY": "bench",
-            "AWS_DEFAULT_REGION": emulator.region,
-        }
+        env = aws_env(emulator.endpoint_url, emulator.region)
         os.environ.update(env)
         from airflow.providers.amazon.aws.hooks.batch_client import BatchClientHook
 

@@ -49,7 +49,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._anchor_env import anchor_pythonpath  # noqa: E402
+from benchmarks._anchor_env import anchor_pythonpath, aws_env, kubernetes_env  # noqa: E402
 
 ANCHORS = {
     "batch": "BatchJobTrigger",
@@ -140,16 +140,6 @@ class World:
     submit: Callable[[int], dict[str, Any]]  # the i-th waiting job's handle
 
 
-def _aws_env(endpoint: str, region: str) -> dict[str, str]:
-    extra = {"endpoint_url": endpoint, "region_name": region}
-    return {
-        "AIRFLOW_CONN_AWS_DEFAULT": json.dumps({"conn_type": "aws", "extra": extra}),
-        "AWS_ACCESS_KEY_ID": "bench",
-        "AWS_SECRET_ACCESS_KEY": "bench",
-        "AWS_DEFAULT_REGION": region,
-    }
-
-
 def _identity(i: int) -> Any:
     from gpu_provider.backends.base import JobIdentity, TaskKey
 
@@ -166,7 +156,7 @@ def world(kind: str, root: Path) -> Iterator[World]:
 
         with BatchEmulator(job_cwd=REPO) as emulator:
             setup = emulator.create_environment(fair_share=False)
-            env = _aws_env(emulator.endpoint_url, emulator.region)
+            env = aws_env(emulator.endpoint_url, emulator.region)
             os.environ.update(env)
             from gpu_provider.backends.batch import BatchBackend
 
@@ -190,7 +180,7 @@ def world(kind: str, root: Path) -> Iterator[World]:
         from emulators.aws_sagemaker import ROLE_ARN, SageMakerEmulator
 
         with SageMakerEmulator(job_root=root, job_cwd=REPO) as emulator:
-            env = _aws_env(emulator.endpoint_url, emulator.region)
+            env = aws_env(emulator.endpoint_url, emulator.region)
             os.environ.update(env)
             from gpu_provider.backends.sagemaker import SageMakerBackend
 
@@ -213,9 +203,7 @@ def world(kind: str, root: Path) -> Iterator[World]:
         from emulators.kubernetes import KubernetesEmulator
 
         with KubernetesEmulator(job_cwd=REPO) as emulator:
-            kubeconfig = emulator.kubeconfig(root / "kubeconfig")
-            extra = {"kube_config_path": str(kubeconfig)}
-            env = {"AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps({"conn_type": "kubernetes", "extra": extra})}
+            env = kubernetes_env(emulator.kubeconfig(root / "kubeconfig"))
             os.environ.update(env)
             from gpu_provider.backends.kubernetes import KubernetesBackend
 
@@ -291,10 +279,9 @@ def measure_side(
             ticks_ok = side == "anchor" or len(new) >= 2
             if (wanted <= seen or (side == "ours" and w.kind == "kubernetes" and len(new) >= 2)) and ticks_ok:
                 break
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"{side} triggerer asked about {len(seen)} of {len(handles)} jobs before warm-up ended"
-                )
+            if time.monotonic() > deadline:  # measure what it does anyway, and say so
+                print(f"  warm-up cut: the {side} triggerer asked about {len(seen)} of {len(handles)} jobs", flush=True)
+                break
         warmup = time.monotonic() - started
         time.sleep(interval)
         mark = len(w.requests())
