@@ -133,7 +133,11 @@ def emulated(kind: str, root: Path) -> Iterator[tuple[dict[str, str], dict[str, 
             env["AIRFLOW__GPU_PROVIDER__SAGEMAKER_OUTPUT_PATH"] = "s3://bench-models/out"
             config = {
                 "TrainingJobName": "launch-{{ ti.task_id | replace('_', '-') }}",
-                "AlgorithmSpecification": {"TrainingImage": "x", "TrainingInputMode": "File"},
+                "AlgorithmSpecification": {
+                    "TrainingImage": "x",
+                    "TrainingInputMode": "File",
+                    "ContainerEntrypoint": ["true"],  # the emulator runs no image's default command
+                },
                 "RoleArn": ROLE_ARN,
                 "OutputDataConfig": {"S3OutputPath": "s3://bench-models/out"},
                 "ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 10},
@@ -207,10 +211,10 @@ def measure(kind: str, repeat: int, root: Path) -> dict[str, dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 rounds per process, local and Batch only")
-    parser.add_argument("--repeat", type=int, default=None, help="rounds per process (default 4, --quick 2)")
+    parser.add_argument("--repeat", type=int, default=None, help="rounds per process (default 3, --quick 2)")
     parser.add_argument("--backends", nargs="+", default=None)
     args = parser.parse_args()
-    repeat = args.repeat or (2 if args.quick else 4)
+    repeat = args.repeat or (2 if args.quick else 3)
     kinds = args.backends or (["local", "batch"] if args.quick else ["local", "batch", "sagemaker", "kubernetes"])
     logging.getLogger("emulators").setLevel(logging.WARNING)
     results: dict[str, dict[str, dict[str, Any]]] = {}

@@ -269,7 +269,7 @@ def measure_side(
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wanted = {h["job_id"] if w.kind != "kubernetes" else h["name"] for h in handles}
-        deadline = started + max(300.0, 40 * interval)
+        deadline = started + max(240.0, 24 * interval)
         while True:  # warm-up: every job asked about once (ours: two ticks after that)
             time.sleep(min(0.5, interval / 4))
             if proc.poll() is not None:
