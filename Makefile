@@ -48,9 +48,14 @@ format: $(STAMP)
 	@$(BIN)/ruff format .
 	@$(BIN)/ruff check --fix .
 
-## DAG-parse import cost benchmark (writes nothing; copy its table into benchmarks/README.md).
+## Benchmarks side by side with the anchor operators (benchmarks/README.md): every figure's script, --quick;
+## FULL=1: the full runs (each under 10 minutes on 2 cores). They print their tables and write nothing.
+BENCH_SCRIPTS := parse_cost polling latency recovery launch
 bench: $(STAMP)
-	@$(BIN)/python benchmarks/import_cost.py
+	@for script in $(BENCH_SCRIPTS); do \
+	  echo "== benchmarks/$$script.py $(if $(FULL),,--quick)"; \
+	  $(BIN)/python benchmarks/$$script.py $(if $(FULL),,--quick) || exit 1; \
+	done
 
 ## Re-pin this Python version's constraints file from the current virtualenv.
 constraints: $(STAMP)

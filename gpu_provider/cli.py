@@ -167,8 +167,28 @@ def _add_quotas(sub: Any) -> None:
     rend.set_defaults(func=run_quotas_render)
 
 
+def run_check(args: argparse.Namespace) -> int:
+    from gpu_provider.testing.check import main as check_main  # needs the [testing] extra's local runner only
+
+    return check_main(args.rest, prog="gpu-provider check")
+
+
+def _add_check(sub: Any) -> None:
+    check = sub.add_parser(
+        "check",
+        add_help=False,  # its own options (--dag, --interrupt-after, ... -- PROGRAM) pass through: see -h
+        help="check a job program (SIGTERM, checkpoint, resume, output) and a DAG's checkpoint URIs offline",
+    )
+    check.add_argument("rest", nargs=argparse.REMAINDER)
+    check.set_defaults(func=run_check)
+
+
 #: (name, adds its parser to the subcommands): one line per command group
-COMMANDS: list[tuple[str, Callable[[Any], None]]] = [("pools", _add_pools), ("quotas", _add_quotas)]
+COMMANDS: list[tuple[str, Callable[[Any], None]]] = [
+    ("pools", _add_pools),
+    ("quotas", _add_quotas),
+    ("check", _add_check),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -528,9 +528,9 @@ class _FakeTi:
 # --- command line --------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m gpu_provider.testing.check") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m gpu_provider.testing.check",
+        prog=prog,
         description="Check a GPU job program (SIGTERM, checkpoints, resume, output) under the local backend, "
         "and a DAG file's checkpoint URIs.",
     )

@@ -1,0 +1,39 @@
+"""The benchmarks' measuring parts on tiny inputs (the figures themselves are never asserted: see benchmarks/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.parse_cost import child_env, measure, table
+from benchmarks.recovery import steps_of
+
+
+def test_the_parse_benchmark_measures_each_case_in_a_fresh_process(tmp_path: Path) -> None:
+    cases = {"floor": "import json", "more": "import json, email.mime.text, urllib.request"}
+    samples = measure(cases, 1, child_env(str(tmp_path)))
+    assert set(samples) == {"floor", "more"}
+    floor, more = samples["floor"][0], samples["more"][0]
+    assert more.modules > floor.modules  # counted in the child, not in this process
+    assert floor.wall > 0 and floor.cpu > 0 and floor.heavy == []
+    lines = table(samples, "floor")
+    assert lines[2].startswith("| floor | ") and "| 1.000 |" in lines[2]
+    assert lines[3].startswith("| more | ") and f"| {more.modules} | +{more.modules - floor.modules} |" in lines[3]
+
+
+def test_the_recovery_benchmark_reads_where_each_training_job_started_and_stopped() -> None:
+    fresh = [
+        "[rank 0] starting from step 0 (no checkpoint), 200 steps",
+        "[rank 0] step 20/200 (epoch 1/4): batch loss 0.6, batch accuracy 0.7",
+        "[rank 0] step 40/200 (epoch 1/4): batch loss 0.5, batch accuracy 0.8",
+        "[rank 0] stop requested: SIGTERM",
+        "[rank 0] stop requested at step 47: checkpoint saved, exiting",
+    ]
+    resumed = [
+        "[rank 0] resumed from checkpoint step-00000047 (step 47 of 200)",
+        "[rank 0] step 60/200 (epoch 2/4): batch loss 0.4, batch accuracy 0.8",
+        "[rank 0] done: 200 steps",
+    ]
+    killed = ["[rank 0] starting from step 0 (no checkpoint), 200 steps", "[rank 0] step 40/200 (epoch 1/4): x"]
+    assert steps_of(fresh) == (0, 47)
+    assert steps_of(resumed) == (47, 200)
+    assert steps_of(killed) == (0, 40)  # SIGKILL: the last progress line is all the log says
