@@ -167,10 +167,10 @@ def _add_quotas(sub: Any) -> None:
     rend.set_defaults(func=run_quotas_render)
 
 
-def run_check(args: argparse.Namespace) -> int:
-    from gpu_provider.testing.check import main as check_main  # needs the [testing] extra's local runner only
+def run_check(rest: Sequence[str]) -> int:
+    from gpu_provider.testing.check import main as check_main
 
-    return check_main(args.rest, prog="gpu-provider check")
+    return check_main(rest, prog="gpu-provider check")
 
 
 def _add_check(sub: Any) -> None:
@@ -179,8 +179,7 @@ def _add_check(sub: Any) -> None:
         add_help=False,  # its own options (--dag, --interrupt-after, ... -- PROGRAM) pass through: see -h
         help="check a job program (SIGTERM, checkpoint, resume, output) and a DAG's checkpoint URIs offline",
     )
-    check.add_argument("rest", nargs=argparse.REMAINDER)
-    check.set_defaults(func=run_check)
+    check.add_argument("rest", nargs=argparse.REMAINDER)  # main() hands everything after "check" to it
 
 
 #: (name, adds its parser to the subcommands): one line per command group
@@ -200,7 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["check"]:  # the checker parses its own options (argparse would take its --help)
+        return run_check(given[1:])
+    args = build_parser().parse_args(given)
     try:
         return int(args.func(args))
     except Exception as err:  # one line for the person at the terminal; no traceback for a bad file

@@ -7,10 +7,18 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from gpu_provider.testing.check import CheckReport, Finding
 
+COMMANDS = {
+    "module": [sys.executable, "-m", "gpu_provider.testing.check"],
+    "console script": [str(Path(sys.executable).with_name("gpu-provider")), "check"],
+}
 
-def test_the_checker_names_checkpoint_uris_that_are_not_unique_per_run(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("command", COMMANDS.values(), ids=COMMANDS.keys())
+def test_the_checker_names_checkpoint_uris_that_are_not_unique_per_run(tmp_path: Path, command: list[str]) -> None:
     dag_file = tmp_path / "shared_checkpoints.py"
     dag_file.write_text(
         textwrap.dedent(
@@ -28,7 +36,7 @@ def test_the_checker_names_checkpoint_uris_that_are_not_unique_per_run(tmp_path:
         )
     )
     done = subprocess.run(
-        [sys.executable, "-m", "gpu_provider.testing.check", "--dag", str(dag_file)],
+        [*command, "--dag", str(dag_file)],
         capture_output=True,
         text=True,
         timeout=120,
