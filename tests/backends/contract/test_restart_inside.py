@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -30,15 +31,23 @@ from tests.backends.contract.worlds import (
 
 RESTARTING_WORLDS = worlds_where(lambda caps: caps.restarts_inside_job)
 RUN_START = re.compile(r"contract-run-start")
-RESUMING_JOB = py(
-    """
-    import time
-    print('contract-run-start', flush=True)
-    for i in range(30):
-        print('tick', i, flush=True)
-        time.sleep(0.1)
-    """
-)
+
+
+def resuming_job(first_run_mark: Path) -> tuple[str, ...]:
+    """A job whose first run lasts up to a minute (so a loaded machine still interrupts it while it runs)
+    and whose run after a restart takes 3 s; each run prints its start line, then ticks."""
+    code = py(
+        """
+        import os, sys, time
+        print('contract-run-start', flush=True)
+        first = not os.path.exists(sys.argv[1])
+        open(sys.argv[1], 'a').close()
+        for i in range(600 if first else 30):
+            print('tick', i, flush=True)
+            time.sleep(0.1)
+        """
+    )
+    return (*code, str(first_run_mark))
 
 
 def test_a_world_offers_restart_inside_exactly_when_its_backend_declares_it(world: BackendWorld) -> None:
@@ -55,9 +64,10 @@ def test_a_world_offers_restart_inside_exactly_when_its_backend_declares_it(worl
 if RESTARTING_WORLDS:
 
     @pytest.mark.parametrize("world", RESTARTING_WORLDS, indirect=True)
-    def test_an_interruption_inside_the_job_is_a_restart_not_an_end(world: BackendWorld) -> None:
+    def test_an_interruption_inside_the_job_is_a_restart_not_an_end(world: BackendWorld, tmp_path: Path) -> None:
         backend = world.backend()
-        handle = backend.submit(world.request("restart", RESUMING_JOB, capacity=names.SPOT))
+        job = resuming_job(tmp_path / "first-run-started")
+        handle = backend.submit(world.request("restart", job, capacity=names.SPOT))
         wait_state(backend, handle, JobState.RUNNING)
         # RUNNING is the service's word; interrupt once the program itself has started (else the first
         # run leaves nothing behind, however slowly the machine started it)
