@@ -211,6 +211,8 @@ def test_pipeline_mixes_batch_and_sagemaker_in_one_run(
 ) -> None:
     """`make demo BACKEND=aws` as a test: preprocessing and inference on Batch (its own connection),
     2-node spot training interrupted once and resumed on-demand on SageMaker, evaluation there too."""
+    # its own run and checkpoint folder: the SageMaker-only test may have left a finished training
+    # of the 2026-03-02 run in this session's emulator, and resuming from it would leave nothing to interrupt
     dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
     shutil.copy(DAG_FILE, dag_file)
     setup = batch.emulator.create_environment(fair_share=False)
@@ -220,13 +222,13 @@ def test_pipeline_mixes_batch_and_sagemaker_in_one_run(
     run = harness.run(
         dag_file,
         "gpu_ml_pipeline",
-        logical_date="2026-03-02T00:00:00+00:00",
+        logical_date="2026-03-09T00:00:00+00:00",
         conf={"epochs": 3, "step_delay": 0.04, **{f"{k}_backend": v for k, v in stages.items()}},
         extra_env={
             "GPU_PIPELINE_DATA_ROOT": (harness.tmp / "data").as_uri(),
             "GPU_PIPELINE_BACKEND": "sagemaker",
             "GPU_PIPELINE_IMAGE": "gpu-pipeline:test",
-            "GPU_PIPELINE_CHECKPOINT_ROOT": f"s3://{CHECKPOINT_BUCKET}/pipeline",
+            "GPU_PIPELINE_CHECKPOINT_ROOT": f"s3://{CHECKPOINT_BUCKET}/pipeline-mixed",
             "AIRFLOW_CONN_AWS_BATCH": json.dumps({"conn_type": "aws", "extra": extra}),
             "AIRFLOW__GPU_PROVIDER__BATCH_AWS_CONN_ID": "aws_batch",
             "AIRFLOW__GPU_PROVIDER__BATCH_SPOT_QUEUE": setup.spot_queue,

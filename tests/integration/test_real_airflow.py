@@ -197,6 +197,10 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            # a loaded CI machine answers the tasks' execution API calls slowly: wait, do not give up (a
+            # supervisor whose task was SIGKILLed must get its UP_FOR_RETRY or FAILED through)
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+            "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10",
             # the reaper DAGs: jobs younger than this are never stopped
             "REAP_GRACE_S": str(REAP_GRACE_S),
             # the reaper asks this API server (no auth: every user is an admin here)
@@ -412,7 +416,8 @@ def test_the_reaper_stops_orphaned_jobs_and_leaves_live_and_new_ones_alone(airfl
 
         # every job is older than the grace period; then one more job is submitted a moment ago
         local = LocalBackend(state_dir=str(Path(airflow.pids).parent / "state"))
-        youngest = max(o.handle.submitted_at for o in local.list_owned()) + 3  # the Batch jobs came about then
+        batch_created = [j["createdAt"] / 1000 for j in batch.active_jobs() if j["jobName"].startswith("gp-reap-")]
+        youngest = max([o.handle.submitted_at for o in local.list_owned()] + batch_created)
         wait_for(lambda: time.time() - youngest > REAP_GRACE_S, REAP_GRACE_S + 30, "the jobs to pass the grace")
 
         def fresh_job(run_id: str) -> JobHandle:

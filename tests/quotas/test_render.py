@@ -15,6 +15,7 @@ from botocore.validate import ParamValidator
 
 from gpu_provider.cli import main
 from gpu_provider.quotas.render import share_weight
+from tests.batch_world import BatchWorld
 from tests.quotas.test_quota_file import GOOD
 
 
@@ -47,16 +48,15 @@ def test_the_batch_policy_is_a_valid_create_scheduling_policy_request(
     assert all(0.0001 <= w <= 999.9999 for w in shares.values())
 
 
-def test_the_batch_policy_is_accepted_by_the_batch_api(capsys: pytest.CaptureFixture[str], quota_path: Path) -> None:
-    from moto import mock_aws
-
-    policy = json.loads(_render(capsys, quota_path, "--batch"))
-    with mock_aws():
-        import boto3
-
-        client = boto3.client("batch", region_name="us-east-1")
-        arn = client.create_scheduling_policy(**policy)["arn"]
-        (stored,) = client.describe_scheduling_policies(arns=[arn])["schedulingPolicies"]
+def test_the_batch_policy_is_accepted_by_the_batch_api(
+    capsys: pytest.CaptureFixture[str], quota_path: Path, batch: BatchWorld
+) -> None:
+    # the session's Batch emulator, not moto's mock_aws: that resets moto's state in this process, and with
+    # it the queues of the emulator every Batch test here shares
+    policy = json.loads(_render(capsys, quota_path, "--batch", "--policy-name", "teams-render-test"))
+    client = batch.emulator.client("batch")
+    arn = client.create_scheduling_policy(**policy)["arn"]
+    (stored,) = client.describe_scheduling_policies(arns=[arn])["schedulingPolicies"]
     assert stored["fairsharePolicy"]["shareDistribution"] == policy["fairsharePolicy"]["shareDistribution"]
 
 

@@ -15,7 +15,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from gpu_provider.testing.dagrun import Interrupter
-from gpu_provider.testing.worlds import AwsWorld, KubernetesWorld
+from gpu_provider.testing.worlds import AwsWorld, BatchWorld, KubernetesWorld
 
 HEAVY = ("moto", "boto3", "botocore", "flask", "airflow", "kubernetes", "gpu_provider.testing.emulators")
 
@@ -80,6 +80,21 @@ def test_gpu_aws_points_airflow_at_both_emulators_and_its_helpers_act_on_them(gp
         lambda: (job := batch.describe(held["jobId"]))["status"] in ("FAILED", "SUCCEEDED") and job, 30, "its end"
     )
     assert ended["status"] == "FAILED" and "terminated" in ended["statusReason"], ended
+
+
+def test_the_batch_emulator_makes_its_queues_again_after_moto_was_reset(gpu_batch: BatchWorld) -> None:
+    """A test using moto's own ``mock_aws`` resets moto's state in the whole process, the emulator's queues
+    with it; the next test's ``gpu_batch`` (which calls ``create_environment``) finds them there again."""
+    from moto import mock_aws
+
+    client = gpu_batch.emulator.client("batch")
+    with mock_aws():
+        pass
+    assert client.describe_job_queues(jobQueues=[gpu_batch.setup.spot_queue])["jobQueues"] == []
+    setup = gpu_batch.emulator.create_environment(fair_share=True)
+    assert setup == gpu_batch.setup
+    queues = {q["jobQueueName"]: q["state"] for q in client.describe_job_queues()["jobQueues"]}
+    assert queues == {setup.spot_queue: "ENABLED", setup.on_demand_queue: "ENABLED", setup.fair_share_queue: "ENABLED"}
 
 
 def test_gpu_kubernetes_writes_a_kubeconfig_for_its_api_server(gpu_kubernetes: KubernetesWorld) -> None:

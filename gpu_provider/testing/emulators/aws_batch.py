@@ -313,11 +313,16 @@ class BatchEmulator(JobRunner):
 
         Queues ``gpu-spot`` (SPOT compute environment) and ``gpu-on-demand`` (EC2), without scheduling
         policy, and, with ``fair_share``, ``gpu-fair-share`` (EC2) with a fair-share scheduling policy.
-        Calling it again returns what exists, adding the fair-share queue if it is asked for now.
+        Calling it again returns what exists, adding the fair-share queue if it is asked for now, and
+        creates it all again if moto's state was reset under the emulator (``moto.mock_aws`` in the same
+        process does that).
         """
         batch = self.client("batch")
         with self._lock:
             setup = self._setup
+        if setup is not None and not batch.describe_job_queues(jobQueues=[setup.spot_queue])["jobQueues"]:
+            logger.warning("the emulator's queues are gone (moto was reset in this process): creating them again")
+            setup = None
         if setup is None:
             setup = self._create_base_environment(batch)
         if fair_share and setup.fair_share_queue is None:
