@@ -218,6 +218,9 @@ def rig(kind: str, root: Path) -> Iterator[Rig]:
 
             from gpu_provider.backends.kubernetes import KubernetesBackend
 
+            # against the fake API server every log read ends at once (it does not follow): one warning a second
+            logging.getLogger("airflow.providers.cncf.kubernetes.utils.pod_manager").setLevel(logging.ERROR)
+
             def kubernetes_ended(handles: list[Any]) -> dict[str, float]:
                 out = {}
                 for h in handles:
@@ -258,6 +261,7 @@ def measure(kind: str, durations: list[float], repeat: int, interval: float, roo
 
     names = sides(kind)
     with rig(kind, root) as r:
+        logging.getLogger("airflow").setLevel(logging.WARNING)  # again: importing Airflow configured its logging
         backend = r.backend
         jobs_file, anchor_out, child_log = root / "jobs.json", root / "anchor.json", root / "anchor.log"
         child_env = dict(os.environ, PYTHONPATH=os.pathsep.join([*r.child_path, str(REPO)]))
@@ -426,8 +430,9 @@ def main() -> int:
         return anchor_child(kind, Path(jobs_file), float(interval_text), Path(out))
     interval = args.interval or (2.0 if args.quick else 10.0)
     repeat = args.repeat or 2
-    logging.getLogger("gpu_provider.testing.emulators").setLevel(logging.WARNING)
-    logging.getLogger("airflow").setLevel(logging.WARNING)  # the anchors' hooks log every status read
+    os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"  # the anchors' hooks log every status read
+    for name in ("gpu_provider.testing.emulators", "airflow", "bench"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     if "batch" in args.backends or "sagemaker" in args.backends:
         anchor_pythonpath()  # build the aiobotocore overlay before any timing
     started = time.monotonic()

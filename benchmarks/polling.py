@@ -123,12 +123,13 @@ def _bump(what: str) -> None:
         _CLIENT[what] += 1
 
 
-def count_at_client() -> None:
+def count_at_client(kind: str, side: str) -> None:
     """Count every HTTP request this process's API clients send (retries included) and get an answer to.
 
     Wraps the one method each client library sends a request through: botocore's and aiobotocore's
     ``Endpoint._send`` (ours, the amazon triggers), the ``kubernetes`` and ``kubernetes_asyncio``
-    REST clients' ``request`` (ours, ``KubernetesPodTrigger``; a watch counts once, when it opens).
+    REST clients' ``request`` (ours, ``KubernetesPodTrigger``; a watch counts once, when it opens). Only the
+    libraries the side imports anyway are wrapped (no extra modules in its RSS).
     ``SIGUSR1`` prints ``client-calls SEQ SENT ANSWERED``: the parent reads it at both ends of its window.
     """
     import importlib
@@ -157,16 +158,17 @@ def count_at_client() -> None:
 
         setattr(cls, name, counted)
 
-    for module, cls_name, name, wrap in (
-        ("botocore.endpoint", "Endpoint", "_send", wrap_sync),
-        ("aiobotocore.endpoint", "AioEndpoint", "_send", wrap_async),
-        ("kubernetes.client.rest", "RESTClientObject", "request", wrap_sync),
-        ("kubernetes_asyncio.client.rest", "RESTClientObject", "request", wrap_async),
-    ):
-        try:
-            wrap(getattr(importlib.import_module(module), cls_name), name)
-        except ImportError:  # not installed (the amazon side has no kubernetes clients to count, and so on)
-            pass
+    sync, asynchronous = (
+        (("botocore.endpoint", "Endpoint", "_send"), ("aiobotocore.endpoint", "AioEndpoint", "_send"))
+        if kind in ("batch", "sagemaker")
+        else (
+            ("kubernetes.client.rest", "RESTClientObject", "request"),
+            ("kubernetes_asyncio.client.rest", "RESTClientObject", "request"),
+        )
+    )
+    wrap_sync(getattr(importlib.import_module(sync[0]), sync[1]), sync[2])  # ours, and what the anchors build on
+    if side == "anchor":
+        wrap_async(getattr(importlib.import_module(asynchronous[0]), asynchronous[1]), asynchronous[2])
 
     seq = [0]
 
@@ -181,7 +183,7 @@ def count_at_client() -> None:
 
 def triggerer(args: argparse.Namespace) -> int:
     """The child: N triggers in one event loop until killed; prints each event that fires (none should)."""
-    count_at_client()
+    count_at_client(args.kind, args.side)
     spec = json.loads(Path(args.child_input).read_text())
     make = _ours if args.side == "ours" else None
     triggers = (
@@ -428,7 +430,8 @@ def main() -> int:
     if args.child:
         args.kind = args.child
         return triggerer(args)
-    logging.getLogger("gpu_provider.testing.emulators").setLevel(logging.WARNING)  # each job's state changes
+    for name in ("gpu_provider", "botocore"):  # each job's state changes and submission
+        logging.getLogger(name).setLevel(logging.WARNING)
     jobs = args.jobs or ([100] if args.quick else [100, 1000])
     interval = args.interval or (2.0 if args.quick else 10.0)
     window = args.window or (8.0 if args.quick else 30.0)
