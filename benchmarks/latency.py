@@ -277,11 +277,16 @@ def measure(kind: str, durations: list[float], repeat: int, interval: float, roo
             handles: dict[str, list[Any]] = {side: [] for side in names}
             duration_of: dict[str, float] = {}
             for rep in range(repeat):
-                for d in durations:
+                for j, d in enumerate(durations):
+                    # each job of a duration sleeps a little longer, by a fraction of the interval spread evenly
+                    # over the jobs (the same for every side): jobs that all start together and last whole
+                    # multiples of the interval would otherwise end at one phase of every poller's cycle, and
+                    # the medians would measure that phase, not the waiting
+                    extra = ((rep * len(durations) + j) * 0.6180339887 % 1.0) * interval
                     for s, side in enumerate(names):
                         key = TaskKey("latency", f"s{s}-d{d:g}-r{rep}", "run")
                         identity = JobIdentity(key, try_number=1, attempt=1, capacity="on-demand")
-                        command = ("sh", "-c", f"echo started; sleep {d:g}; echo finished")
+                        command = ("sh", "-c", f"echo started; sleep {d + extra:.2f}; echo finished")
                         request = JobRequest(identity, command, {}, GpuResources(), "on-demand", image="x")
                         handle = backend.submit(request)
                         handles[side].append(handle)
