@@ -395,7 +395,10 @@ def measure_side(
     actions: dict[str, int] = {}
     for r in window_requests:
         actions[r["action"]] = actions.get(r["action"], 0) + 1
-    events = out.read_text().count("event:")
+    fired = [line for line in out.read_text().splitlines() if line.startswith("event:")]
+    events = len(fired)
+    if fired:  # none should fire: say what the first one was
+        print(f"  {w.kind} {len(handles)} {side}: {events} triggers fired, the first: {fired[0][:300]}", flush=True)
     minutes = (t1 - t0) / 60
     return Result(
         len(window_requests) / minutes,
