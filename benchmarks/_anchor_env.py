@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 PINS = ("aiobotocore==3.10.0", "aioitertools==0.13.0", "botocore==1.43.117", "boto3==1.43.117")
 OVERLAY = Path(tempfile.gettempdir()) / (
@@ -64,3 +65,25 @@ def kubernetes_env(kubeconfig: Path) -> dict[str, str]:
     """The environment that points ``kubernetes_default`` (ours and the anchors') at a kubeconfig."""
     extra = {"kube_config_path": str(kubeconfig)}
     return {"AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps({"conn_type": "kubernetes", "extra": extra})}
+
+
+def kubernetes_pod_trigger(name: str, namespace: str, interval: float) -> Any:
+    """``KubernetesPodOperator(deferrable=True)``'s trigger for one pod, as the anchor defers it: polls every
+    ``interval`` s, no startup or schedule budget to run out, no logs, container ``main`` (the name our fake
+    API server gives the first container's status)."""
+    from datetime import datetime, timezone
+
+    from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
+
+    return KubernetesPodTrigger(
+        pod_name=name,
+        pod_namespace=namespace,
+        trigger_start_time=datetime.now(timezone.utc),
+        base_container_name="main",
+        kubernetes_conn_id="kubernetes_default",
+        poll_interval=interval,
+        startup_check_interval=interval,
+        startup_timeout=10**6,
+        schedule_timeout=10**6,
+        get_logs=False,
+    )

@@ -58,7 +58,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._anchor_env import anchor_pythonpath, aws_env, kubernetes_env  # noqa: E402
+from benchmarks._anchor_env import anchor_pythonpath, aws_env, kubernetes_env, kubernetes_pod_trigger  # noqa: E402
 
 Marks = dict[str, float]  # job id -> a moment (time.time())
 ANCHOR = {"batch": "BatchOperator", "sagemaker": "SageMakerTrainingOperator", "kubernetes": "KubernetesPodOperator"}
@@ -82,20 +82,7 @@ def _anchor_trigger(kind: str, job: dict[str, str], interval: float) -> Any:
         return SageMakerTrigger(
             job_name=job["job_id"], job_type="Training", waiter_delay=int(interval), waiter_max_attempts=10**6
         )
-    from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
-
-    return KubernetesPodTrigger(
-        pod_name=job["name"],
-        pod_namespace=job["namespace"],
-        trigger_start_time=datetime.now(timezone.utc),
-        base_container_name="main",
-        kubernetes_conn_id="kubernetes_default",
-        poll_interval=interval,
-        startup_check_interval=interval,
-        startup_timeout=10**6,
-        schedule_timeout=10**6,
-        get_logs=False,
-    )
+    return kubernetes_pod_trigger(job["name"], job["namespace"], interval)
 
 
 def anchor_child(kind: str, jobs_file: Path, interval: float, out: Path) -> int:

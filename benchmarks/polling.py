@@ -59,7 +59,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._anchor_env import anchor_pythonpath, aws_env, kubernetes_env  # noqa: E402
+from benchmarks._anchor_env import anchor_pythonpath, aws_env, kubernetes_env, kubernetes_pod_trigger  # noqa: E402
 
 ANCHORS = {
     "batch": "BatchJobTrigger",
@@ -93,25 +93,7 @@ def _anchor(kind: str, handles: list[dict[str, Any]], interval: float) -> list[A
             )
             for h in handles
         ]
-    from datetime import datetime, timezone
-
-    from airflow.providers.cncf.kubernetes.triggers.pod import KubernetesPodTrigger
-
-    return [
-        KubernetesPodTrigger(
-            pod_name=h["name"],
-            pod_namespace=h["extra"].get("namespace", "default"),
-            trigger_start_time=datetime.now(timezone.utc),
-            base_container_name="main",
-            kubernetes_conn_id="kubernetes_default",
-            poll_interval=interval,
-            startup_check_interval=interval,
-            startup_timeout=10**6,
-            schedule_timeout=10**6,
-            get_logs=False,
-        )
-        for h in handles
-    ]
+    return [kubernetes_pod_trigger(h["name"], h["extra"].get("namespace", "default"), interval) for h in handles]
 
 
 _CLIENT = {"sent": 0, "answered": 0}
