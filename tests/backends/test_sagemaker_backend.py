@@ -240,7 +240,18 @@ def test_250_waiting_attempts_cost_at_most_3_calls_per_tick_with_a_third_throttl
         await asyncio.sleep(interval * 2)
         sagemaker.emulator.throttle("*", 3)  # a third of the calls are throttled from now on
         sagemaker.emulator.reset_requests()
-        await asyncio.sleep(interval * 6)
+
+        def tick_starts() -> int:
+            return sum(
+                r["action"] == "ListTrainingJobs" and not r["throttled"] and not (r.get("body") or {}).get("NextToken")
+                for r in sagemaker.emulator.requests()
+            )
+
+        # a few ticks under throttling (counted, not timed: a loaded machine ticks late)
+        deadline = time.monotonic() + 90
+        while tick_starts() < 4:
+            assert time.monotonic() < deadline, f"only {tick_starts()} ticks in 90 s"
+            await asyncio.sleep(interval / 2)
         pollers = [p for p in SharedPoller._pollers.values() if p.backend == backend]
         assert len(pollers) == 1, "one shared poller per event loop and backend"
         requests = [r for r in sagemaker.emulator.requests() if not r["action"].startswith("logs:")]
