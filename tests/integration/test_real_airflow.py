@@ -16,9 +16,10 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -123,14 +124,30 @@ class Airflow:
     pids: Path
     group: int = 0
     """The process group of `airflow standalone` and its components."""
+    server_errors: list[str] = field(default_factory=list)
+    """The 5xx answers `api` retried past (kept for a failure's message)."""
 
     def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One REST call. A 5xx is retried for up to a minute: standalone Airflow keeps its metadata in
+        SQLite, and on a loaded machine a write can meet "database is locked" while the scheduler writes
+        (CI saw a 500 on triggering a DAG run); the error's body is kept in the failure if it persists."""
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            f"{self.url}/api/v2{path}", data=data, method=method, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"null")
+        deadline = time.monotonic() + 60
+        while True:
+            request = urllib.request.Request(
+                f"{self.url}/api/v2{path}", data=data, method=method, headers={"Content-Type": "application/json"}
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    return json.loads(response.read() or b"null")
+            except urllib.error.HTTPError as err:
+                if err.code < 500:
+                    raise
+                detail = err.read().decode(errors="replace")[:2000]
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{method} {path} kept answering {err.code}: {detail}") from err
+                self.server_errors.append(f"{method} {path}: {err.code} {detail}")
+                time.sleep(1)
 
     def cli(self, *args: str) -> None:
         subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env, check=True, capture_output=True)
@@ -145,7 +162,13 @@ class Airflow:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
-        self.api("POST", f"/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None})
+        errors_before = len(self.server_errors)
+        try:
+            self.api("POST", f"/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None})
+        except urllib.error.HTTPError as err:
+            # a retried POST whose first try was committed before the 500 finds its own run: that is done
+            if err.code != 409 or len(self.server_errors) == errors_before:
+                raise
 
     def ti_state(self, dag_id: str, run_id: str, suffix: str = "") -> Any:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/job{suffix}").get("state")
