@@ -8,7 +8,7 @@ BACKEND ?= local
 PYVER  := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 CONSTRAINTS := constraints/py$(PYVER).txt
 
-.PHONY: demo test test-lowest lint format bench constraints constraints-lowest clean
+.PHONY: setup demo test test-lowest lint format bench constraints constraints-lowest clean
 
 $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	@test -f $(CONSTRAINTS) || { echo "No pinned dependency set for Python '$(PYVER)' ($(PYTHON)). Supported: $(patsubst constraints/py%.txt,%,$(wildcard constraints/py*.txt)). Use e.g. 'make demo PYTHON=python3.11'."; exit 1; }
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	  || { tail -40 $(VENV)/install.log; echo "install failed: see $(VENV)/install.log"; exit 1; }
 	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest"
 	@touch $(STAMP)
+
+## Only the set-up the other targets do first: .venv with the pinned dependencies (CI runs it before the rest).
+setup: $(STAMP)
 
 ## Run the example ML pipeline end to end and print what happened (BACKEND=local|batch|sagemaker|kubernetes|aws;
 ## BACKEND=kubernetes CLUSTER=1 with KUBECONFIG set: against that cluster instead of the emulator).
