@@ -279,3 +279,19 @@ def test_the_emulator_streams_watches_for_the_official_client(kubernetes: Kubern
             break
     assert phases[0] == ("ADDED", "Pending") and ("MODIFIED", "Running") in phases, phases
     assert isinstance(poll_one(backend, handle), JobStatus)
+
+
+def test_each_request_records_the_token_of_its_kubeconfig(kubernetes: KubernetesWorld, tmp_path: Any) -> None:
+    """Clients with their own kubeconfigs are told apart in the request log (the polling benchmark counts
+    each side's calls this way while both watch at once); the world's own kubeconfig has the default token."""
+    from kubernetes import client, config
+
+    before = len(kubernetes.emulator.requests())
+    for token in ("team-a", "team-b"):
+        path = kubernetes.emulator.kubeconfig(tmp_path / f"kubeconfig-{token}", token=token)
+        api = client.CoreV1Api(config.new_client_from_config(str(path)))
+        api.list_namespaced_pod("default", label_selector=f"gpu-provider/team={token}")
+    api = client.CoreV1Api(config.new_client_from_config(str(kubernetes.kubeconfig)))
+    api.list_namespaced_pod("default", label_selector="gpu-provider/team=none")
+    lists = [r for r in kubernetes.emulator.requests("list pods")[before:] if "team" in str(r["body"]["query"])]
+    assert [r["client"] for r in lists] == ["team-a", "team-b", "emulator-token"], lists

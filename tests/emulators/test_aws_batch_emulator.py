@@ -618,3 +618,18 @@ def test_forget_report_status_and_status_reasons(emulator: BatchEmulator, batch:
         emulator.release(setup.spot_queue)
     job, _ = wait_until_done(batch, first)
     assert job["status"] == "SUCCEEDED" and job["statusReason"] == "Essential container in task exited"
+
+
+def test_each_request_records_the_access_key_that_signed_it(emulator: BatchEmulator) -> None:
+    """Two clients of one emulator, told apart in its request log (the polling benchmark counts each side's
+    calls this way while both watch at once)."""
+    before = len(emulator.requests())
+    for key in ("team-a", "team-b", "team-a"):
+        client = emulator.client("batch", aws_access_key_id=key, aws_secret_access_key="x", config=NO_RETRIES)
+        client.describe_jobs(jobs=[f"no-such-job-{key}"])
+    mine = [r for r in emulator.requests()[before:] if r["action"] == "DescribeJobs"]
+    assert [(r["client"], r["body"]["jobs"]) for r in mine] == [
+        ("team-a", ["no-such-job-team-a"]),
+        ("team-b", ["no-such-job-team-b"]),
+        ("team-a", ["no-such-job-team-a"]),
+    ]

@@ -304,9 +304,10 @@ class BatchEmulator(JobRunner):
     # ------------------------------------------------------------------ clients and setup
 
     def client(self, service: str, **kwargs: Any) -> Any:
-        """A boto3 client for ``service`` pointed at the emulator, with dummy credentials."""
+        """A boto3 client for ``service`` pointed at the emulator, with dummy credentials unless ``kwargs``
+        give their own (an ``aws_access_key_id`` is recorded as each request's ``client``)."""
         kwargs.setdefault("region_name", self.region)
-        return boto3.client(service, endpoint_url=self.endpoint_url, **DUMMY_CREDENTIALS, **kwargs)
+        return boto3.client(service, endpoint_url=self.endpoint_url, **{**DUMMY_CREDENTIALS, **kwargs})
 
     def create_environment(self, *, fair_share: bool = True) -> BatchSetup:
         """Create the IAM, VPC, compute environments and job queues the provider's Batch backend uses.
@@ -503,8 +504,9 @@ class BatchEmulator(JobRunner):
 
     def requests(self, action: str | None = None) -> list[dict[str, Any]]:
         """Batch and CloudWatch Logs requests received, oldest first: ``{"action", "body", "throttled",
-        "lost", "time", "status"}``; ``action`` is the API name (``SubmitJob``; ``logs:GetLogEvents``);
-        ``lost`` says how the response was lost (:meth:`lose_response`), ``None`` when it was not."""
+        "lost", "time", "status", "client"}``; ``action`` is the API name (``SubmitJob``;
+        ``logs:GetLogEvents``); ``lost`` says how the response was lost (:meth:`lose_response`), ``None``
+        when it was not; ``client`` is the access key id the request was signed with."""
         return self._log.requests(action)
 
     def count(self, action: str) -> int:
@@ -714,11 +716,15 @@ class BatchEmulator(JobRunner):
             raise ClientException(
                 f"DescribeJobs accepts at most {MAX_DESCRIBE_JOBS} job IDs in one request; got {len(ids)}."
             )
-        by_arn = {job.arn: job for job in list(backend._jobs.values())}
+        by_arn: dict[str, batch_models.Job] | None = None  # built only when an ARN is asked about
         result = []
         for ident in ids:
             base, sep, node = ident.partition("#")
-            job = backend._jobs.get(base) or by_arn.get(base)
+            job = backend._jobs.get(base)
+            if job is None and base.startswith("arn:"):
+                if by_arn is None:
+                    by_arn = {j.arn: j for j in list(backend._jobs.values())}
+                job = by_arn.get(base)
             if job is None:
                 continue
             if not sep:

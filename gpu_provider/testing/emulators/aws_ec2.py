@@ -42,7 +42,14 @@ from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
 
 from gpu_provider.testing.emulators.aws_batch_jobs import DUMMY_CREDENTIALS
-from gpu_provider.testing.emulators.core import Faults, Middleware, Patches, RecordingMotoServer, RequestLog
+from gpu_provider.testing.emulators.core import (
+    Faults,
+    Middleware,
+    Patches,
+    RecordingMotoServer,
+    RequestLog,
+    aws_client_of,
+)
 
 PLACEMENT_SCORES = "GetSpotPlacementScores"
 PRICE_HISTORY = "DescribeSpotPriceHistory"
@@ -263,7 +270,8 @@ class Ec2SpotEmulator:
         query: dict[str, list[str]] = dict(response.querystring)
         body = {k: v[0] if len(v) == 1 else list(v) for k, v in query.items()}
         throttled, _ = self._faults.decide(action)
-        entry = self._log.record(action, body, throttled=throttled, lost=None)
+        client = aws_client_of(response.headers.get("Authorization"))
+        entry = self._log.record(action, body, throttled=throttled, lost=None, client=client)
         entry["region"] = response.region
         if throttled:
             entry["status"] = 400

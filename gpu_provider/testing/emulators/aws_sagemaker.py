@@ -314,6 +314,8 @@ class SageMakerEmulator(JobRunner):
             self._wait_clock = 1.0
 
     def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+        """SageMaker and CloudWatch Logs requests received, oldest first: ``{"action", "body", "throttled", "lost",
+        "time", "status", "client"}``; ``client`` is the access key id the request was signed with."""
         return self._log.requests(action)
 
     def count(self, action: str) -> int:

@@ -23,6 +23,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -144,7 +145,9 @@ class RequestLog:
         self._lock = threading.Lock()
         self._entries: list[dict[str, Any]] = []
 
-    def record(self, action: str, body: dict[str, Any], *, throttled: bool, lost: str | None) -> dict[str, Any]:
+    def record(
+        self, action: str, body: dict[str, Any], *, throttled: bool, lost: str | None, client: str | None = None
+    ) -> dict[str, Any]:
         entry = {
             "action": action,
             "body": body,
@@ -152,6 +155,7 @@ class RequestLog:
             "lost": lost,
             "time": time.time(),
             "status": None,
+            "client": client,
         }
         with self._lock:
             self._entries.append(entry)
@@ -196,6 +200,16 @@ class RecordingMotoServer(ThreadedMotoServer):
             self._server.server_close()
 
 
+_CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/")
+
+
+def aws_client_of(authorization: str | None) -> str | None:
+    """The access key id a request was signed with (who sent it), from its ``Authorization`` header;
+    ``None`` for an unsigned one."""
+    match = _CREDENTIAL.search(authorization or "")
+    return match.group(1) if match else None
+
+
 class Middleware:
     """Records tracked requests, applies :class:`Faults`, and passes the parsed body on to moto."""
 
@@ -216,7 +230,8 @@ class Middleware:
         except ValueError:
             body = {"_raw": raw.decode("utf-8", "replace")}
         throttled, lost = self._faults.decide(action)
-        entry = self._log.record(action, body, throttled=throttled, lost=lost)
+        client = aws_client_of(environ.get("HTTP_AUTHORIZATION"))
+        entry = self._log.record(action, body, throttled=throttled, lost=lost, client=client)
         if throttled:
             logger.info("throttled a %s request", action)
             entry["status"], code, message = self._error_style(action, THROTTLED)

@@ -238,13 +238,14 @@ class KubernetesEmulator(PodRunner):
         assert self._server is not None, "the emulator is not started"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
-        """Write a kubeconfig that points at this server (plain HTTP, a dummy token)."""
+    def kubeconfig(self, path: str | Path, namespace: str = "default", token: str = "emulator-token") -> Path:
+        """Write a kubeconfig that points at this server (plain HTTP, a dummy bearer token: the request log
+        records it as each request's ``client``, so clients with their own kubeconfigs can be told apart)."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
+            "users": [{"name": "emulator", "user": {"token": token}}],
             "contexts": [
                 {"name": "emulator", "context": {"cluster": "emulator", "user": "emulator", "namespace": namespace}}
             ],
@@ -326,6 +327,9 @@ class KubernetesEmulator(PodRunner):
             return [_public(o) for (ns, _), o in self._store[kind].items() if namespace is None or ns == namespace]
 
     def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+        """API requests received, oldest first: ``{"action", "body", "throttled", "lost", "time", "status",
+        "client"}``; ``action`` is ``verb kind[/sub]`` (``get pods``, ``watch events``), ``body`` holds the
+        path, query and body; ``client`` is the bearer token the request carried (see :meth:`kubeconfig`)."""
         return self.log.requests(action)
 
     def reset(self) -> None:
@@ -571,8 +575,13 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(raw) if raw else {}
         emulator = self.emulator
         throttled, _lost = emulator.faults.decide(action)
+        token = str(self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
         entry = emulator.log.record(
-            action, {"path": url.path, "query": query, "body": body}, throttled=throttled, lost=None
+            action,
+            {"path": url.path, "query": query, "body": body},
+            throttled=throttled,
+            lost=None,
+            client=token or None,
         )
         if throttled:
             entry["status"] = 429
