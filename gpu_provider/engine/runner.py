@@ -171,6 +171,10 @@ class AttemptRunner:
             cost_limit=self.cost_limit(record),
         )
         while not self.stop.is_set():
+            # one poll starts every poll_interval: the time a poll and its log reads take is not added on
+            # top (a SageMaker poll with its log reads can take seconds; an ended job was seen that much
+            # later), but a poll slower than the interval still leaves a tenth of it before the next
+            tick = time.monotonic()
             try:
                 status = self.backend.poll([handle])[handle.job_id]
                 if isinstance(status, GpuJobStatusError):
@@ -190,7 +194,7 @@ class AttemptRunner:
                 if status.state is JobState.SUCCEEDED and watch.output_uri and declared_wins:
                     status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
                 return status, outcome
-            self.stop.wait(poll_interval)
+            self.stop.wait(max(poll_interval / 10, poll_interval - (time.monotonic() - tick)))
         # killed: on_kill cancelled the job; stop polling at once
         raise GpuJobCancelledError(f"{self.where(record)} was cancelled because this task was killed.")
 
