@@ -13,10 +13,13 @@ cached in the process), and the cases are interleaved round by round, so machine
   operators, ``benchmarks/anchor_pipeline_dag.py``: the whole file executed as Airflow's DAG
   processor does (``importlib`` from a path; the DAG object built).
 
-Reported per case: the process wall time (interpreter start to exit, measured from outside), the
-time of the imports alone (measured inside), and the number of modules imported; medians over the
-rounds, and ratios to the floor. Targets: ``gpu_provider`` at most 1.10x the floor and below every
-anchor. Prints the table; exits 0 (measures, does not judge).
+Reported per case: the process wall and CPU time (interpreter start to exit, measured from outside),
+the time of the imports alone (measured inside), the CPU time of what the case imports on top of
+``import airflow.sdk`` (measured inside: every probe imports the floor first, then times the rest), and
+the number of modules imported; medians over the rounds, and ratios to the floor. Targets:
+``gpu_provider`` at most 1.10x the floor (judged on the whole process's CPU) and below every anchor
+(judged on the CPU of the imports each adds to the floor: the floor's own ~3 s, with ~100 ms of noise
+between processes, drops out). Prints the table; exits 0 (measures, does not judge).
 
 Usage: ``python benchmarks/parse_cost.py [--quick] [--runs N]`` (``make bench`` runs ``--quick``).
 """
@@ -38,13 +41,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("boto3", "botocore", "kubernetes", "kubernetes_asyncio", "aiobotocore", "numpy", "torch")
 
+#: every DAG file imports this first; each probe imports it, then times what its case adds on top
+FLOOR_IMPORT = "import airflow.sdk"
+
 _PROBE = """
 import sys, time, json
-t = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
+{floor}
+t1, c1 = time.perf_counter(), time.process_time()
 {body}
-inner = time.perf_counter() - t
+t2, c2 = time.perf_counter(), time.process_time()
 heavy = [m for m in {heavy!r} if m in sys.modules]
-print(json.dumps({{"inner": inner, "modules": len(sys.modules), "heavy": heavy}}))
+print(json.dumps({{"inner": t2 - t0, "own": t2 - t1, "own_cpu": c2 - c1, "modules": len(sys.modules), "heavy": heavy}}))
 """
 
 _DAG_FILE = """
@@ -54,6 +62,8 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 assert module.dag.task_dict, "no tasks"
 """
+
+OURS = "gpu_provider operators+sensors"
 
 CASES: dict[str, str] = {
     "airflow.sdk (floor)": "import airflow.sdk",
@@ -85,6 +95,8 @@ class Sample:
     inner: float  # the imports alone, from inside
     modules: int
     heavy: list[str]
+    own: float = 0.0  # what the case adds on top of the floor's import, wall time, from inside
+    own_cpu: float = 0.0  # the same, CPU time of the process (a few ms of noise instead of ~100)
 
 
 def child_env(airflow_home: str) -> dict[str, str]:
@@ -102,9 +114,10 @@ def child_env(airflow_home: str) -> dict[str, str]:
     return env
 
 
-def probe(body: str, env: dict[str, str]) -> Sample:
-    """Run ``body`` in a fresh interpreter; its wall time from outside and what it imported."""
-    code = _PROBE.format(body=body, heavy=HEAVY)
+def probe(body: str, env: dict[str, str], floor: str = FLOOR_IMPORT) -> Sample:
+    """Run ``floor`` then ``body`` in a fresh interpreter; its wall and CPU time from outside, what
+    ``body`` adds on top of ``floor`` from inside, and what it imported."""
+    code = _PROBE.format(floor=floor, body=body, heavy=HEAVY)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
@@ -114,18 +127,28 @@ def probe(body: str, env: dict[str, str]) -> Sample:
     if proc.returncode != 0:
         raise RuntimeError(f"probe failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return Sample(wall, cpu, float(out["inner"]), int(out["modules"]), list(out["heavy"]))
+    return Sample(
+        wall,
+        cpu,
+        float(out["inner"]),
+        int(out["modules"]),
+        list(out["heavy"]),
+        float(out["own"]),
+        float(out["own_cpu"]),
+    )
 
 
-def measure(cases: dict[str, str], runs: int, env: dict[str, str]) -> dict[str, list[Sample]]:
+def measure(
+    cases: dict[str, str], runs: int, env: dict[str, str], floor: str = FLOOR_IMPORT
+) -> dict[str, list[Sample]]:
     """``runs`` rounds; each round runs every case once, in a rotated order (no case always first)."""
     names = list(cases)
     for name in names:  # warm the file cache and Airflow's home once
-        probe(cases[name], env)
+        probe(cases[name], env, floor)
     samples: dict[str, list[Sample]] = {name: [] for name in names}
     for r in range(runs):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            samples[name].append(probe(cases[name], env))
+            samples[name].append(probe(cases[name], env, floor))
     return samples
 
 
@@ -136,19 +159,20 @@ def table(samples: dict[str, list[Sample]], floor: str) -> list[str]:
     fi = statistics.median(s.inner for s in samples[floor])
     fm = statistics.median(s.modules for s in samples[floor])
     lines = [
-        "| case | process wall ms | x floor | process CPU ms | x floor | imports ms | x floor | modules | + over floor "
-        "| heavy clients |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| case | process wall ms | x floor | process CPU ms | x floor | imports ms | x floor | own imports CPU ms "
+        "| modules | + over floor | heavy clients |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, rows in samples.items():
         w = statistics.median(s.wall for s in rows)
         c = statistics.median(s.cpu for s in rows)
         i = statistics.median(s.inner for s in rows)
         m = statistics.median(s.modules for s in rows)
+        own = statistics.median(s.own_cpu for s in rows)
         heavy = sorted({h for s in rows for h in s.heavy}) or ["none"]
         lines.append(
             f"| {name} | {w * 1000:.0f} | {w / fw:.3f} | {c * 1000:.0f} | {c / fc:.3f} | {i * 1000:.0f} | "
-            f"{i / fi:.3f} | {m:.0f} | {m - fm:+.0f} | {', '.join(heavy)} |"
+            f"{i / fi:.3f} | {own * 1000:.0f} | {m:.0f} | {m - fm:+.0f} | {', '.join(heavy)} |"
         )
     return lines
 
@@ -171,11 +195,11 @@ def main() -> int:
     )
     for line in table(samples, floor):
         print(line)
-    ours = statistics.median(s.wall for s in samples["gpu_provider operators+sensors"])
-    ours_in = statistics.median(s.inner for s in samples["gpu_provider operators+sensors"])
+    ours = statistics.median(s.wall for s in samples[OURS])
+    ours_in = statistics.median(s.inner for s in samples[OURS])
     base = statistics.median(s.wall for s in samples[floor])
     base_in = statistics.median(s.inner for s in samples[floor])
-    ours_cpu = statistics.median(s.cpu for s in samples["gpu_provider operators+sensors"])
+    ours_cpu = statistics.median(s.cpu for s in samples[OURS])
     base_cpu = statistics.median(s.cpu for s in samples[floor])
     anchors = ["BatchOperator", "SageMakerTrainingOperator", "KubernetesPodOperator", "KubernetesJobOperator"]
     cheapest = min(statistics.median(s.wall for s in samples[a]) for a in anchors)
@@ -189,8 +213,19 @@ def main() -> int:
         f"{'met' if over[1] <= 1.10 else 'missed'} (wall {over[0]:.3f}x, imports wall {over[2]:.3f}x)"
     )
     print(
-        f"target: below every anchor (judged on process CPU): CPU {under[1]:.3f}x of the cheapest anchor -> "
-        f"{'met' if under[1] < 1 else 'missed'} (wall {under[0]:.3f}x, imports wall {under[2]:.3f}x)"
+        f"whole process: CPU {under[1]:.3f}x of the cheapest anchor's (wall {under[0]:.3f}x, imports wall "
+        f"{under[2]:.3f}x)"
+    )
+    # below every anchor: judged on what each adds on top of the floor's import, timed inside the process
+    # (the CPU the floor itself takes, ~3 s with ~100 ms of noise between processes, drops out)
+    own = {name: statistics.median(s.own_cpu for s in samples[name]) for name in [*anchors, OURS]}
+    cheapest_own = min(anchors, key=lambda a: own[a])
+    print(
+        "target: below every anchor (judged on the CPU of the imports added to the floor): "
+        f"ours {own[OURS] * 1000:.0f} ms vs {cheapest_own} {own[cheapest_own] * 1000:.0f} ms, the cheapest anchor -> "
+        f"{'met' if own[OURS] < own[cheapest_own] else 'missed'} ({own[OURS] / own[cheapest_own]:.2f}x; "
+        + ", ".join(f"{a} {own[OURS] / own[a]:.2f}x" for a in anchors)
+        + ")"
     )
     return 0
 

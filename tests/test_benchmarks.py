@@ -10,11 +10,13 @@ from benchmarks.recovery import steps_of
 
 def test_the_parse_benchmark_measures_each_case_in_a_fresh_process(tmp_path: Path) -> None:
     cases = {"floor": "import json", "more": "import json, email.mime.text, urllib.request"}
-    samples = measure(cases, 1, child_env(str(tmp_path)))
+    samples = measure(cases, 1, child_env(str(tmp_path)), floor="import json")
     assert set(samples) == {"floor", "more"}
     floor, more = samples["floor"][0], samples["more"][0]
     assert more.modules > floor.modules  # counted in the child, not in this process
     assert floor.wall > 0 and floor.cpu > 0 and floor.heavy == []
+    # what each case adds on top of the floor's import, timed inside: nothing for the floor itself
+    assert more.own_cpu > floor.own_cpu >= 0 and more.own > floor.own
     lines = table(samples, "floor")
     assert lines[2].startswith("| floor | ") and "| 1.000 |" in lines[2]
     assert lines[3].startswith("| more | ") and f"| {more.modules} | +{more.modules - floor.modules} |" in lines[3]
