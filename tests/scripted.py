@@ -5,7 +5,6 @@ faults (unknown states, failing cancels, logs that cannot be read) that real ser
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -42,8 +41,6 @@ class ScriptedBackend(Backend):
     fail_logs: ClassVar[int] = 0
     #: while set, poll() waits for it to clear (a lock the interrupted code holds, a hung connection)
     poll_gate: ClassVar[threading.Event | None] = None
-    #: seconds each poll takes (a slow service, or a poll that reads logs too)
-    poll_delay: ClassVar[float] = 0.0
 
     def options(self) -> dict[str, Any]:
         return {}
@@ -54,7 +51,6 @@ class ScriptedBackend(Backend):
     def poll(self, handles: Sequence[JobHandle]) -> PollResult:
         if ScriptedBackend.poll_gate is not None:
             ScriptedBackend.poll_gate.wait()
-        time.sleep(ScriptedBackend.poll_delay)
         ScriptedBackend.polls.append(len(handles))
         return {h.job_id: self.table[h.job_id] for h in handles}
 
@@ -106,7 +102,6 @@ def scripted() -> Iterator[type[ScriptedBackend]]:
         log.clear()
     ScriptedBackend.fail_cancel = ScriptedBackend.fail_logs = 0
     ScriptedBackend.poll_gate = None
-    ScriptedBackend.poll_delay = 0.0
     yield ScriptedBackend
     if ScriptedBackend.poll_gate is not None:
         ScriptedBackend.poll_gate.set()

@@ -171,11 +171,6 @@ class AttemptRunner:
             cost_limit=self.cost_limit(record),
         )
         while not self.stop.is_set():
-            # one poll starts every poll_interval: the time a poll and its log reads take is not added on
-            # top (a SageMaker poll with its log reads can take seconds; an ended job was seen that much
-            # later); but at least half the interval passes between polls, so a slow (loaded) service is
-            # never asked more than twice as often as when the reads' time was added
-            tick = time.monotonic()
             try:
                 status = self.backend.poll([handle])[handle.job_id]
                 if isinstance(status, GpuJobStatusError):
@@ -195,7 +190,7 @@ class AttemptRunner:
                 if status.state is JobState.SUCCEEDED and watch.output_uri and declared_wins:
                     status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
                 return status, outcome
-            self.stop.wait(max(poll_interval / 2, poll_interval - (time.monotonic() - tick)))
+            self.stop.wait(poll_interval)
         # killed: on_kill cancelled the job; stop polling at once
         raise GpuJobCancelledError(f"{self.where(record)} was cancelled because this task was killed.")
 

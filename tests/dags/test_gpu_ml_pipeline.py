@@ -166,7 +166,7 @@ def test_pipeline_runs_on_sagemaker_with_an_interrupted_spot_training(
     dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
     shutil.copy(DAG_FILE, dag_file)
     data_root = harness.tmp / "data"
-    sagemaker.emulator.interrupt_after(1.5, name_contains="-train-")
+    sagemaker.emulator.interrupt_after(1.5, name_contains="-train-", checkpointed=True)
     run = harness.run(
         dag_file,
         "gpu_ml_pipeline",
@@ -216,7 +216,7 @@ def test_pipeline_mixes_batch_and_sagemaker_in_one_run(
     dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
     shutil.copy(DAG_FILE, dag_file)
     setup = batch.emulator.create_environment(fair_share=False)
-    sagemaker.emulator.interrupt_after(1.5, name_contains="-train-")
+    sagemaker.emulator.interrupt_after(1.5, name_contains="-train-", checkpointed=True)
     extra = {"endpoint_url": batch.emulator.endpoint_url, "region_name": batch.emulator.region}
     stages = {"preprocess": "batch", "train": "sagemaker", "evaluate": "sagemaker", "infer": "batch"}
     run = harness.run(

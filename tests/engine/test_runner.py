@@ -103,41 +103,6 @@ def test_a_killed_sync_wait_stops_polling_at_once() -> None:
     assert polls <= 5, f"{polls} polls in 0.3 s at a 0.1 s interval"
 
 
-class _RecordedStop(threading.Event):
-    """A stop event that records how long each wait between polls would be, and returns at once."""
-
-    def __init__(self, done_after: int) -> None:
-        super().__init__()
-        self.waits: list[float] = []
-        self.done_after = done_after
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(float(timeout or 0.0))
-        if len(self.waits) == self.done_after:
-            ScriptedBackend.table["j1"] = JobStatus(state=JobState.SUCCEEDED)
-        return False
-
-
-def test_a_sync_wait_starts_a_poll_every_interval_however_long_a_poll_takes() -> None:
-    """A poll that takes time (SageMaker's status and log reads) is not added to the interval: an ended
-    job is seen within one interval; a poll slower than half the interval still leaves half of it."""
-    record = _spot_record()
-    ScriptedBackend.table["j1"] = JobStatus(state=JobState.RUNNING)
-    ScriptedBackend.poll_delay = 0.4
-    runner = _runner(record)
-    runner.stop = _RecordedStop(done_after=3)
-    status, _ = runner.wait(record, poll_interval=2.0)
-    assert status.state is JobState.SUCCEEDED and len(ScriptedBackend.polls) == 4
-    assert len(runner.stop.waits) == 3
-    assert all(1.0 <= w <= 2.0 - 0.4 for w in runner.stop.waits), runner.stop.waits
-
-    ScriptedBackend.table["j1"] = JobStatus(state=JobState.RUNNING)
-    ScriptedBackend.poll_delay = 0.5  # slower than half the interval below
-    runner.stop = _RecordedStop(done_after=2)
-    runner.wait(record, poll_interval=0.6)
-    assert runner.stop.waits == [pytest.approx(0.3), pytest.approx(0.3)]
-
-
 def test_the_log_reader_warns_once_when_the_log_cannot_be_read(caplog: pytest.LogCaptureFixture) -> None:
     """Defect 9: a user must see that the log could not be read, once, not every tick (nor only at DEBUG)."""
     handle = _spot_record().handle

@@ -252,10 +252,16 @@ class SageMakerEmulator(JobRunner):
                 job.stop_kind = "interrupt" if restart else "reclaim"
         job.wake.set()
 
-    def interrupt_after(self, seconds: float, *, name_contains: str | None = None, count: int = 1) -> None:
-        """Interrupt the next ``count`` spot jobs (named with ``name_contains``) ``seconds`` into their training."""
+    def interrupt_after(
+        self, seconds: float, *, name_contains: str | None = None, count: int = 1, checkpointed: bool = False
+    ) -> None:
+        """Interrupt the next ``count`` spot jobs (named with ``name_contains``) ``seconds`` into their training;
+        with ``checkpointed``, not before the job's first checkpoint (a ``LATEST`` file) was copied to S3, so
+        a test of resuming does not depend on how fast a loaded machine starts the training."""
         with self._lock:
-            self._interrupt_rules.append({"after": seconds, "contains": name_contains, "left": count})
+            self._interrupt_rules.append(
+                {"after": seconds, "contains": name_contains, "left": count, "checkpointed": checkpointed}
+            )
 
     def wait_clock(self, factor: float) -> None:
         """Run the clock of ``MaxWaitTimeInSeconds`` ``factor`` times faster (1: real time), so a test sees

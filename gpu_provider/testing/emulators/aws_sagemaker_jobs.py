@@ -219,7 +219,7 @@ class JobRunner:
             failed = [h for h in done if h.proc is not None and h.proc.returncode != 0]
             if failed or len(done) == len(job.hosts):
                 break
-            if rule is not None and now - began >= rule:
+            if rule is not None and now - began >= rule[0] and (not rule[1] or self._checkpointed(job)):
                 with self._lock:
                     job.stop_kind = job.stop_kind or "interrupt"
                 rule = None
@@ -269,15 +269,21 @@ class JobRunner:
                 self._end(job, "Completed", "Completed", MESSAGES["Completed"])
         return "ended"
 
-    def _interrupt_rule(self, job: TrainingJob) -> float | None:
+    def _interrupt_rule(self, job: TrainingJob) -> tuple[float, bool] | None:
+        """(seconds into the training, whether to wait for a first checkpoint) of the rule ``job`` takes up."""
         if not job.spot:
             return None
         with self._lock:
             for rule in self._interrupt_rules:
                 if rule["left"] > 0 and (rule["contains"] is None or rule["contains"] in job.name):
                     rule["left"] -= 1
-                    return float(rule["after"])
+                    return float(rule["after"]), bool(rule.get("checkpointed"))
         return None
+
+    @staticmethod
+    def _checkpointed(job: TrainingJob) -> bool:
+        """Whether a ``LATEST`` checkpoint file of any host was copied to S3."""
+        return any(rel.rsplit("/", 1)[-1] == "LATEST" for host in job.hosts for rel in host.synced)
 
     def _end(self, job: TrainingJob, status: str, secondary: str, reason: str) -> None:
         with self._lock:
