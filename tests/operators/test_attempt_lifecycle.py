@@ -71,8 +71,8 @@ def test_an_interruption_nobody_watched_keeps_its_gpu_time(harness: Harness) -> 
     )
     worker, _, _ = harness.start(dag, "unwatched")
     backend = LocalBackend(state_dir=str(harness.state_dir), grace_period=1)
-    handle = wait_for(lambda: backend.list_jobs(), 60, "the job to be submitted")[0]
-    wait_for(lambda: _state(backend, handle.job_id) is JobState.RUNNING, 60, "the job to run")
+    handle = wait_for(lambda: backend.list_jobs(), 120, "the job to be submitted")[0]
+    wait_for(lambda: _state(backend, handle.job_id) is JobState.RUNNING, 120, "the job to run")
     wait_for(lambda: (harness.tmp / "ckpt" / "LATEST").exists(), 30, "a first checkpoint")
     os.killpg(worker.pid, signal.SIGKILL)
     worker.wait(timeout=10)
@@ -144,8 +144,8 @@ def test_a_job_cancelled_by_a_person_is_not_retried(harness: Harness) -> None:
     )
     worker, _, _ = harness.start(dag, "cancelled")
     backend = LocalBackend(state_dir=str(harness.state_dir), grace_period=0.5)
-    handle = wait_for(lambda: backend.list_jobs(), 60, "the job to be submitted")[0]
-    wait_for(lambda: _state(backend, handle.job_id) is JobState.RUNNING, 60, "the job to run")
+    handle = wait_for(lambda: backend.list_jobs(), 120, "the job to be submitted")[0]
+    wait_for(lambda: _state(backend, handle.job_id) is JobState.RUNNING, 120, "the job to run")
     backend.cancel(handle, "stopped by a person from the console")
     worker.wait(timeout=120)
     assert len(backend.list_jobs()) == 1, "no retry may submit a second job"
@@ -205,7 +205,7 @@ def test_a_zombie_try_does_not_cancel_the_job_its_successor_took_over(harness: H
     backend = LocalBackend(state_dir=str(harness.state_dir), grace_period=1)
     try:
         handle = wait_for(lambda: backend.list_jobs(), 60, "try 1 to submit")[0]
-        wait_for(lambda: _state(backend, handle.job_id) is JobState.RUNNING, 60, "the job to run")
+        wait_for(lambda: _state(backend, handle.job_id) is JobState.RUNNING, 120, "the job to run")
         successor, successor_out = _try(harness, 2, command)
         wait_for(
             lambda: (s := backend.poll([handle])[handle.job_id]) and getattr(s, "owner_try", None) == 2,

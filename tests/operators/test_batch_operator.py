@@ -142,7 +142,7 @@ def test_worker_crash_then_retry_reattaches_without_a_second_submit(harness: Har
         """,
     )
     worker, _, _ = harness.start(dag, "batch_crash")
-    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the Batch job to start")
+    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 120, "the Batch job to start")
     os.killpg(worker.pid, signal.SIGKILL)  # the worker dies; the Batch job does not
     worker.wait(timeout=10)
     assert pid_alive(job_pid)
@@ -180,8 +180,8 @@ def test_a_retry_adopting_a_succeeded_job_returns_its_declared_output(harness: H
         """,
     )
     worker, _, _ = harness.start(dag, "batch_adopt")
-    wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the Batch job to start")
-    wait_for(lambda: (out / "result.json").exists(), 60, "the job to finish its work")
+    wait_for(lambda: _pids(pid_dir).get("1-0"), 120, "the Batch job to start")
+    wait_for(lambda: (out / "result.json").exists(), 120, "the job to finish its work")
     os.killpg(worker.pid, signal.SIGKILL)  # dies before its next poll (every 10 minutes) could see the end
     worker.wait(timeout=10)
 
@@ -245,7 +245,7 @@ def test_killing_a_running_task_terminates_its_job(harness: Harness, batch: Batc
         """,
     )
     worker, _, log = harness.start(dag, "batch_kill")
-    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the Batch job to start")
+    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 120, "the Batch job to start")
     worker.send_signal(signal.SIGTERM)  # what Airflow sends a task it kills
     (terminate,) = wait_for(lambda: batch.bodies("TerminateJob"), 15, "TerminateJob")
     assert terminate["reason"].startswith(CANCEL_PREFIX + "Airflow task batch_kill.job of run ")

@@ -159,7 +159,7 @@ def test_worker_sigkill_then_retry_reattaches_to_the_same_job(harness: Harness) 
         """,
     )
     worker, _, _ = harness.start(dag, "crash")
-    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 60, "the job to start")
+    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 120, "the job to start")
     os.killpg(worker.pid, signal.SIGKILL)  # the worker dies; the job must not
     worker.wait(timeout=10)
     assert pid_alive(job_pid), "the job must survive its worker"

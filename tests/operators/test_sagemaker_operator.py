@@ -200,7 +200,7 @@ def test_worker_crash_then_retry_reattaches_without_a_second_create(
             task_id="job",
             backend={sagemaker.backend_source()},
             image="trainer:1",
-            command={harness.toy_command(str(out), 300, 0.15)},
+            command={harness.toy_command(str(out), 600, 0.15)},
             env={{"PID_DIR": {str(pid_dir)!r}}},
             checkpoint="s3://{CHECKPOINT_BUCKET}/sm_crash",
             poll_interval=0.3,

@@ -51,7 +51,7 @@ def test_submitting_the_same_attempt_twice_adopts_the_first_job(world: BackendWo
 
 def test_marks_on_the_job_come_back_in_its_status(world: BackendWorld) -> None:
     backend = world.backend()
-    request = world.request("marks", py("import time; time.sleep(1.5); print('done')"))
+    request = world.request("marks", py("import time; time.sleep(6); print('done')"))
     handle = backend.submit(request)
     before = wait_state(backend, handle, JobState.RUNNING, JobState.STARTING)
     assert before.collected is False and before.owner_try in (None, 1), before
