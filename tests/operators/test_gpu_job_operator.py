@@ -197,7 +197,7 @@ def test_killing_a_running_task_cancels_its_job(harness: Harness) -> None:
         """,
     )
     worker, _, log = harness.start(dag, "kill_sync")
-    pids = wait_for(lambda: (p := _pids(pid_dir)) and len(p) == 2 and p, 60, "both nodes to start")
+    pids = wait_for(lambda: (p := _pids(pid_dir)) and len(p) == 2 and p, 120, "both nodes to start")
     worker.send_signal(signal.SIGTERM)  # what Airflow sends a task it kills
     # one poll interval plus the job's grace period
     wait_for(lambda: not any(pid_alive(p) for p in pids.values()), 0.5 + 1 + 3, "the job processes to exit")
