@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest"
 	@touch $(STAMP)
 
-## Only the set-up the other targets do first: .venv with the pinned dependencies (CI runs it before the rest).
+## Only the set-up the other targets do first: .venv with the pinned dependencies.
 setup: $(STAMP)
 
 ## Run the example ML pipeline end to end and print what happened (BACKEND=local|batch|sagemaker|kubernetes|aws;
