@@ -5,7 +5,8 @@ themselves: they subscribe their job to one :class:`SharedPoller` per event loop
 interval, which asks the backend about *all* subscribed jobs in one ``Backend.poll`` call per tick
 (the backend batches as its service allows, e.g. 100 ids per Batch DescribeJobs), through the
 synchronous client in a thread. So N waiting jobs cost about N/100 calls per tick, not N, and no
-async AWS client (aiobotocore) is needed.
+async AWS client (aiobotocore) is needed. A job's end is final: once a tick has seen it, the
+service is not asked about that job again while its triggers finish.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ class SharedPoller:
         self.interval = interval
         self._key = key
         self._subscribers: dict[str, tuple[JobHandle, list[asyncio.Queue[JobStatus | BaseException]]]] = {}
+        # a job's end is final: its subscribers that have not yet left get it again, the service is not asked
+        self._ended: dict[str, JobStatus] = {}
         self._task: asyncio.Task[None] | None = None
         self.ticks = 0
         self.calls = 0
@@ -75,6 +78,8 @@ class SharedPoller:
         queue: asyncio.Queue[JobStatus | BaseException] = asyncio.Queue()
         entry = self._subscribers.setdefault(handle.job_id, (handle, []))
         entry[1].append(queue)
+        if handle.job_id in self._ended:
+            queue.put_nowait(self._ended[handle.job_id])
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name=f"gpu-poller-{self.backend.name}")
         return queue
@@ -87,6 +92,7 @@ class SharedPoller:
             entry[1].remove(queue)
         if not entry[1]:
             del self._subscribers[handle.job_id]
+            self._ended.pop(handle.job_id, None)
 
     async def _run(self) -> None:
         try:
@@ -98,7 +104,9 @@ class SharedPoller:
                 del self._pollers[self._key]
 
     async def _tick(self) -> None:
-        handles = [entry[0] for entry in self._subscribers.values()]
+        handles = [entry[0] for job_id, entry in self._subscribers.items() if job_id not in self._ended]
+        if not handles:  # every job left has ended; its triggers are still reading the end
+            return
         self.ticks += 1
         self.calls += 1
         result: Mapping[str, JobStatus | Exception] | BaseException
@@ -108,12 +116,16 @@ class SharedPoller:
             result = err
         for job_id, (_, queues) in list(self._subscribers.items()):
             item: JobStatus | BaseException
+            if job_id in self._ended:
+                continue
             if isinstance(result, BaseException):
                 item = result
             elif job_id in result:
                 item = result[job_id]
             else:  # against the contract; counted for this job alone, like a per-job error
                 item = LookupError(f"{self.backend.name} backend returned no status for job {job_id}")
+            if isinstance(item, JobStatus) and item.state.terminal:
+                self._ended[job_id] = item
             for queue in queues:
                 queue.put_nowait(item)
 

@@ -99,3 +99,35 @@ def test_the_spot_wait_counts_time_waiting_for_capacity_not_time_since_submissio
     event = asyncio.run(scenario())
     assert event["status"] == "capacity_timeout"
     assert event["job_status"]["restarts"] == 1
+
+
+def test_an_ended_job_is_not_polled_again_while_its_triggers_read_the_end() -> None:
+    """A job's end is final: while its trigger is still reading the end (its logs, on a loaded triggerer)
+    the shared poller asks the service only about the jobs still running, and a trigger subscribing
+    to the ended job later gets the end at once, without a call (a CI run saw a tick with half the ended jobs)."""
+    from gpu_provider.backends.base import resolve_backend
+    from gpu_provider.triggers.gpu_job import SharedPoller
+
+    done, running = _handle("done"), _handle("running")
+    ScriptedBackend.table[done.job_id] = JobStatus(state=JobState.SUCCEEDED)
+    ScriptedBackend.table[running.job_id] = JobStatus(state=JobState.RUNNING)
+
+    async def scenario() -> None:
+        poller = SharedPoller.for_backend(resolve_backend({"name": "scripted"}), 0.02)
+        reading = poller.subscribe(done)  # never leaves until the end of the scenario
+        other = poller.subscribe(running)
+        first = await reading.get()
+        assert isinstance(first, JobStatus) and first.state is JobState.SUCCEEDED
+        while len(ScriptedBackend.polls) < 4:
+            await asyncio.sleep(0.01)
+        late = poller.subscribe(done)
+        polls_before = len(ScriptedBackend.polls)
+        again = late.get_nowait()
+        assert isinstance(again, JobStatus) and again.state is JobState.SUCCEEDED
+        assert len(ScriptedBackend.polls) == polls_before, "the late subscriber's end came without a call"
+        for handle, queue in [(done, reading), (done, late), (running, other)]:
+            poller.unsubscribe(handle, queue)
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert ScriptedBackend.polls[0] == 2
+    assert set(ScriptedBackend.polls[1:]) == {1}, ScriptedBackend.polls
