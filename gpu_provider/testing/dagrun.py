@@ -4,7 +4,8 @@ The child (``python -m gpu_provider.testing.dagrun DAG_FILE DAG_ID LOGICAL_DATE 
 imports the DAG file, creates the team pools its tasks name, runs the DAG with ``dag.test()`` and
 writes each task instance's state, try number and XCom (a ``GpuJobOperator``'s ``JobResult``) as JSON.
 A child process, so that a test can SIGKILL or SIGTERM the "worker", and so that the test process
-never imports Airflow's configuration for the DAG's Airflow home.
+never imports Airflow's configuration for the DAG's Airflow home. The children are forked from a warm
+server that has imported Airflow once (:mod:`gpu_provider.testing.warm`), unless that is turned off.
 
 :class:`DagRunner` starts such children and cleans up after them (every child killed, every local job
 cancelled); :class:`Interrupter` interrupts the local backend's jobs of chosen tasks at chosen times.
@@ -24,7 +25,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from gpu_provider.testing import warm
 
 #: a checkpoint folder's name: ``ckpt-<step, zero-padded to 10>``
 _CKPT_STEP = re.compile(r"ckpt-(\d+)/?$")
@@ -117,7 +120,25 @@ class DagRun:
         return TaskRun(task_id, str(raw["state"]), int(raw["try_number"]), raw.get("xcom"))
 
 
-def _kill(proc: subprocess.Popen[str]) -> None:
+class ChildProcess(Protocol):
+    """A started run: a ``subprocess.Popen``, or a :class:`~gpu_provider.testing.warm.WarmChild` forked by
+    the warm server; either is a process group of its own (``os.killpg(child.pid, ...)``)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+def _kill(proc: ChildProcess) -> None:
     if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -135,13 +156,16 @@ class DagRunner:
     :param state_dir: the local backend's state directory the children's default ``LocalBackend`` uses
         (``[gpu_provider] local_state_dir``); every job left there is cancelled by :meth:`cleanup`
     :param env: more environment for every child (connections, config)
+    :param warm: fork the children from a warm server (:mod:`gpu_provider.testing.warm`: the same run,
+        about 14 s less CPU each); False, or ``GPU_PROVIDER_TESTING_WARM=0``: a fresh interpreter each
     """
 
     home: Path
     tmp: Path
     state_dir: Path
     env: dict[str, str] = field(default_factory=dict)
-    started: list[subprocess.Popen[str]] = field(default_factory=list)
+    warm: bool = True
+    started: list[ChildProcess] = field(default_factory=list)
 
     def child_env(self, dag_file: Path, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
         env = dict(os.environ)
@@ -166,7 +190,7 @@ class DagRunner:
         logical_date: str = "2026-01-05T00:00:00+00:00",
         conf: Mapping[str, Any] | None = None,
         extra_env: Mapping[str, str] | None = None,
-    ) -> tuple[subprocess.Popen[str], Path, Path]:
+    ) -> tuple[ChildProcess, Path, Path]:
         """Start a child that runs ``dag_id`` (default: the file's only DAG) of ``dag_file``."""
         dag_file = Path(dag_file).resolve()
         if not dag_file.is_file():
@@ -175,17 +199,23 @@ class DagRunner:
         out = self.tmp / f"{name}-{time.monotonic_ns()}.json"
         log = out.with_suffix(".log")
         self.tmp.mkdir(parents=True, exist_ok=True)
-        args = [sys.executable, "-m", "gpu_provider.testing.dagrun", str(dag_file), dag_id or ""]
-        args += [logical_date, json.dumps(dict(conf or {})), str(out)]
-        with log.open("w") as log_file:
-            proc = subprocess.Popen(
-                args,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self.child_env(dag_file, extra_env),
-                text=True,
-                start_new_session=True,
-            )
+        run_args = [str(dag_file), dag_id or "", logical_date, json.dumps(dict(conf or {})), str(out)]
+        env = self.child_env(dag_file, extra_env)
+        log.write_text("")
+        server = warm.WarmServer.for_env(env) if self.warm and warm.enabled(env) else None
+        proc: ChildProcess
+        if server is not None:
+            proc = server.start(run_args, env, log)
+        else:
+            with log.open("w") as log_file:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "gpu_provider.testing.dagrun", *run_args],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    text=True,
+                    start_new_session=True,
+                )
         self.started.append(proc)
         return proc, out, log
 
@@ -194,7 +224,7 @@ class DagRunner:
     ) -> DagRun:
         return self.finish(*self.start(dag_file, dag_id, **kwargs), timeout=timeout)
 
-    def finish(self, proc: subprocess.Popen[str], out: Path, log: Path, *, timeout: float = 180) -> DagRun:
+    def finish(self, proc: ChildProcess, out: Path, log: Path, *, timeout: float = 180) -> DagRun:
         """Wait for a run :meth:`start` began, and read its result."""
         try:
             rc = proc.wait(timeout=timeout)
