@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -87,7 +88,9 @@ class WarmChild:
                     data = self._connection.recv(4096)
                 except (TimeoutError, BlockingIOError):
                     return None
-                if not data:  # the server is gone: it killed its children on the way out
+                if not data:  # the server is gone (killed its children on the way out, or was killed itself)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(self.pid, signal.SIGKILL)  # its own group: nothing of the run outlives it
                     self.returncode = -int(signal.SIGKILL)
                     self._connection.close()
                     return self.returncode
@@ -201,8 +204,7 @@ class WarmServer:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
-        with contextlib.suppress(OSError):
-            os.unlink(self.address)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     @classmethod
     def close_all(cls) -> None:

@@ -91,23 +91,22 @@ def test_killing_a_warm_run_is_a_worker_crash_and_the_server_runs_the_next(harne
     assert probe.task("probe")["state"] == "success", probe.log[-3000:]
 
 
-def test_closing_a_server_kills_the_runs_it_started(harness: Harness) -> None:
+def test_nothing_of_a_run_outlives_its_server(harness: Harness) -> None:
+    """The server killed outright (no chance to stop its runs): the test process's handle stops the run."""
     marker = harness.tmp / "running"
     dag = _dag(harness, "sleeper", SLEEP_DAG.format(marker=str(marker)))
     env = harness.child_env(dag)
     server = warm.WarmServer(env)  # a server of this test's own, not the one the other tests share
     try:
         assert server._ready()
-        child = server.start(
-            [str(dag), "sleeper", "2026-01-05T00:00:00+00:00", "{}", str(harness.tmp / "o.json")],
-            env,
-            harness.tmp / "s.log",
-        )
+        args = [str(dag), "sleeper", "2026-01-05T00:00:00+00:00", "{}", str(harness.tmp / "o.json")]
+        child = server.start(args, env, harness.tmp / "s.log")
         wait_for(marker.exists, 120, "the task to start")
+        os.killpg(server.process.pid, signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        wait_for(lambda: not pid_alive(child.pid), 10, "the run to be stopped")
     finally:
         server.close()
-    assert child.wait(timeout=30) == -signal.SIGKILL
-    assert not pid_alive(child.pid)
 
 
 def test_with_warm_off_each_run_is_a_fresh_interpreter(harness: Harness) -> None:
