@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -123,6 +124,17 @@ def wait_until_done(batch: Any, job_id: str, timeout: float = 15.0) -> tuple[dic
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job_id} still {job['status']} after {timeout}s (seen {seen})")
         time.sleep(0.02)
+
+
+def moves_of(caplog: pytest.LogCaptureFixture, job_id: str) -> list[str]:
+    """The state changes the emulator made to one job (``"RUNNABLE -> STARTING"``), in order, from its log:
+    a transient state (STARTING lasts ~0.1 s) is there even when no poll of a loaded machine saw it."""
+    moves = []
+    for record in caplog.records:
+        message = record.getMessage()
+        if record.name.endswith("aws_batch_jobs") and f"({job_id}) " in message and " -> " in message:
+            moves.append(message.split(f"({job_id}) ", 1)[1].split(":", 1)[0])
+    return moves
 
 
 def wait_for_status(batch: Any, job_id: str, status: str, timeout: float = 10.0) -> dict[str, Any]:
@@ -247,8 +259,9 @@ def test_cli_serves_until_sigterm(tmp_path: Path) -> None:
 
 
 def test_job_runs_as_a_process_and_logs_reach_cloudwatch(
-    emulator: BatchEmulator, batch: Any, logs: Any, setup: BatchSetup
+    emulator: BatchEmulator, batch: Any, logs: Any, setup: BatchSetup, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="gpu_provider.testing.emulators.aws_batch_jobs")
     definition = job_definition(batch, "print-env", PRINT_ENV)
     emulator.reset_requests()
     job_id = batch.submit_job(
@@ -260,7 +273,14 @@ def test_job_runs_as_a_process_and_logs_reach_cloudwatch(
     job, seen = wait_until_done(batch, job_id)
 
     assert seen[0] in ("SUBMITTED", "PENDING")
-    assert seen == sorted(seen, key=ORDER.index) and "RUNNING" in seen and "STARTING" in seen
+    assert seen == sorted(seen, key=ORDER.index) and seen[-1] == "SUCCEEDED"  # what the polls saw, in order
+    assert moves_of(caplog, job_id) == [
+        "SUBMITTED -> PENDING",
+        "PENDING -> RUNNABLE",
+        "RUNNABLE -> STARTING",
+        "STARTING -> RUNNING",
+        "RUNNING -> SUCCEEDED",
+    ]
     assert job["status"] == "SUCCEEDED"
     assert job["statusReason"] == "Essential container in task exited"
     assert job["container"]["exitCode"] == 0
@@ -358,8 +378,9 @@ def test_preempt_after_picks_matching_jobs_and_kills_after_the_grace_period(
 
 
 def test_hold_keeps_jobs_runnable_until_release_and_cancel_fails_a_held_job(
-    emulator: BatchEmulator, batch: Any, setup: BatchSetup
+    emulator: BatchEmulator, batch: Any, setup: BatchSetup, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="gpu_provider.testing.emulators.aws_batch_jobs")
     definition = job_definition(batch, "quick", "print('done')")
     emulator.hold(setup.on_demand_queue)
     try:
@@ -377,7 +398,12 @@ def test_hold_keeps_jobs_runnable_until_release_and_cancel_fails_a_held_job(
     finally:
         emulator.release(setup.on_demand_queue)
     job, seen = wait_until_done(batch, waiting["jobId"])
-    assert job["status"] == "SUCCEEDED" and seen[0] == "RUNNABLE" and "STARTING" in seen
+    assert job["status"] == "SUCCEEDED" and seen[0] == "RUNNABLE"
+    assert moves_of(caplog, waiting["jobId"])[2:] == [
+        "RUNNABLE -> STARTING",
+        "STARTING -> RUNNING",
+        "RUNNING -> SUCCEEDED",
+    ]
 
 
 def test_throttle_answers_every_third_describe_with_429(emulator: BatchEmulator, batch: Any) -> None:
