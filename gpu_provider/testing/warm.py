@@ -11,8 +11,9 @@ log file, the environment of the run; only the interpreter's warm-up is shared.
 One server per test process and per Airflow home and Airflow settings read at import (the environment's
 ``AIRFLOW*`` variables other than the DAGs folder, this provider's section, connections and variables,
 which Airflow and the provider read when they use them). It exits with its test process (it watches its
-stdin), killing the children still running. ``GPU_PROVIDER_TESTING_WARM=0`` turns it off (fresh
-interpreters, as before); so does a platform without ``fork``.
+stdin), killing the children still running. On by default on Linux; ``GPU_PROVIDER_TESTING_WARM=0`` turns
+it off (fresh interpreters, as before), ``=1`` turns it on elsewhere (off by default on macOS, whose
+system libraries are not safe to use after a fork).
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ READY = "gpu-provider-warm-server: ready"
 
 
 def enabled(env: Mapping[str, str] | None = None) -> bool:
-    """Whether runs start from a warm server (``GPU_PROVIDER_TESTING_WARM`` not ``0``, and ``fork`` exists)."""
-    value = (env if env is not None else os.environ).get(ENABLE_VARIABLE, "1").strip().lower()
+    """Whether runs start from a warm server: on by default on Linux (``GPU_PROVIDER_TESTING_WARM=0`` turns it
+    off); elsewhere only when that variable is ``1`` (macOS's system libraries are not safe to fork after use)."""
+    default = "1" if sys.platform.startswith("linux") else "0"
+    value = (env if env is not None else os.environ).get(ENABLE_VARIABLE, default).strip().lower()
     return hasattr(os, "fork") and value not in {"0", "false", "no", "off"}
 
 
@@ -154,11 +157,11 @@ class WarmServer:
         key = _fingerprint(env)
         with cls._lock:
             if key not in cls._servers:
-                server: WarmServer | None = cls(env)
-                if server is not None and not server._ready():
+                server = cls(env)
+                ready = server._ready()
+                if not ready:
                     server.close()
-                    server = None
-                cls._servers[key] = server
+                cls._servers[key] = server if ready else None
             found = cls._servers[key]
             if found is not None and found.process.poll() is not None:  # died since: start fresh from now on
                 cls._servers[key] = found = None

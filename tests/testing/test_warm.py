@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from gpu_provider.testing import warm
 from gpu_provider.testing.dagrun import pid_alive, wait_for
@@ -116,3 +119,11 @@ def test_with_warm_off_each_run_is_a_fresh_interpreter(harness: Harness) -> None
     seen = run.task("probe")["xcom"]
     assert run.task("probe")["state"] == "success", run.log[-3000:]
     assert seen["ppid"] == os.getpid() and seen["token"] == "t-off"
+
+
+def test_the_warm_server_is_on_by_default_on_linux_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert warm.enabled({}) and not warm.enabled({warm.ENABLE_VARIABLE: "0"})
+    assert not warm.enabled({warm.ENABLE_VARIABLE: "off"})
+    monkeypatch.setattr(sys, "platform", "darwin")  # fork after macOS's system libraries is not safe
+    assert not warm.enabled({}) and warm.enabled({warm.ENABLE_VARIABLE: "1"})
