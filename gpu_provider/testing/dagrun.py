@@ -201,7 +201,7 @@ class DagRunner:
         self.tmp.mkdir(parents=True, exist_ok=True)
         run_args = [str(dag_file), dag_id or "", logical_date, json.dumps(dict(conf or {})), str(out)]
         env = self.child_env(dag_file, extra_env)
-        log.write_text("")
+        log.write_text("")  # exists at once: a test may read it before the run has written anything
         server = warm.WarmServer.for_env(env) if self.warm and warm.enabled(env) else None
         proc: ChildProcess
         if server is not None:
