@@ -170,6 +170,20 @@ class Airflow:
             if err.code != 409 or len(self.server_errors) == errors_before:
                 raise
 
+    def scheduler_loops(self, count: int = 3, timeout: float = 90) -> None:
+        """Wait for ``count`` new scheduler heartbeats (one per loop at most): the loop that was going on
+        when this was called is over. Airflow 3.3's scheduler dies if a DAG run it is scheduling is deleted
+        under it (``ObjectDeletedError`` in ``_schedule_all_dag_runs``; seen on a loaded CI-like run)."""
+        beats: list[str] = []
+
+        def beat() -> bool:
+            value = str(self.api("GET", "/monitor/health")["scheduler"]["latest_scheduler_heartbeat"])
+            if not beats or beats[-1] != value:
+                beats.append(value)
+            return len(beats) > count
+
+        wait_for(beat, timeout, f"{count} scheduler heartbeats")
+
     def ti_state(self, dag_id: str, run_id: str, suffix: str = "") -> Any:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/job{suffix}").get("state")
 
@@ -429,6 +443,7 @@ def test_the_reaper_stops_orphaned_jobs_and_leaves_live_and_new_ones_alone(airfl
             # Airflow deletes only a run that is not running: a person fails it first, then deletes it
             deleted_run = f"/dags/{_dag(where, 'deleted')}/dagRuns/run1"
             airflow.api("PATCH", deleted_run, {"state": "failed"})
+            airflow.scheduler_loops()  # no scheduler loop holds the run when it is deleted
             airflow.api("DELETE", deleted_run)
             for scenario, after in (("killed", "failed"), ("retry", "up_for_retry"))[: 2 if where == "local" else 1]:
                 dag_id = _dag(where, scenario)
