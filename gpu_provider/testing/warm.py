@@ -186,13 +186,10 @@ class WarmServer:
         connection.connect(self.address)
         request = {"args": list(args), "env": dict(env), "log": str(log), "cwd": os.getcwd()}
         connection.sendall(json.dumps(request).encode() + b"\n")
-        reply = b""
-        while not reply.endswith(b"\n"):
-            data = connection.recv(4096)
-            if not data:
-                raise RuntimeError(f"the warm server closed the connection; its log: {self.log}")
-            reply += data
-        answer = json.loads(reply)
+        try:
+            answer = json.loads(_read_line(connection, timeout=None))
+        except ConnectionError as err:
+            raise RuntimeError(f"the warm server closed the connection; its log: {self.log}") from err
         if "error" in answer:
             raise RuntimeError(f"the warm server could not start the run: {answer['error']}")
         return WarmChild(int(answer["pid"]), connection, [sys.executable, "-m", "gpu_provider.testing.dagrun", *args])
@@ -299,13 +296,14 @@ def _run_child(request: dict[str, Any], server_files: Sequence[Any]) -> None:
         os._exit(code)
 
 
-def _read_line(connection: socket.socket) -> bytes:
+def _read_line(connection: socket.socket, timeout: float | None) -> bytes:
+    """One newline-ended message of the protocol (a request, or the server's answer to one)."""
     data = b""
-    connection.settimeout(30)
+    connection.settimeout(timeout)
     while not data.endswith(b"\n"):
         chunk = connection.recv(65536)
         if not chunk:
-            raise ConnectionError("the test process closed the connection before its request ended")
+            raise ConnectionError("the other end closed the connection before its message ended")
         data += chunk
     connection.settimeout(None)
     return data
@@ -365,7 +363,7 @@ def serve(address: str) -> None:
                 elif key.data == "accept":
                     connection, _ = listener.accept()
                     try:
-                        request = json.loads(_read_line(connection))
+                        request = json.loads(_read_line(connection, timeout=30))
                         sys.stdout.flush()
                         sys.stderr.flush()
                         pid = os.fork()
