@@ -412,6 +412,7 @@ class BatchEmulator(JobRunner):
         with self._lock:
             self._held.discard(_queue_name(queue))
             self._held_reasons.pop(_queue_name(queue), None)
+        self._nudge_held()
 
     def set_status_reason(self, job_id: str, reason: str | None) -> None:
         """The ``statusReason`` the job shows while it is RUNNABLE (``None``: none), as Batch sets it on a
@@ -499,6 +500,7 @@ class BatchEmulator(JobRunner):
             self._preempt_rules.clear()
             self._reported_status.clear()
         self._faults.reset()
+        self._nudge_held()
 
     # ------------------------------------------------------------------ inspection
 
