@@ -210,6 +210,44 @@ def test_list_owned_reports_the_active_jobs_this_provider_tagged(sagemaker: Sage
     assert ours.job_id not in {o.handle.job_id for o in SageMakerBackend(**sagemaker.options).list_owned()}
 
 
+def test_a_job_waiting_for_held_capacity_sleeps_until_a_release_or_its_max_wait_wakes_it(
+    sagemaker: SageMakerWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emulator = sagemaker.emulator
+    looks: list[str] = []  # every time a waiting job's thread looks at its capacity and its wait
+    waited_too_long = emulator._waited_too_long
+    monkeypatch.setattr(emulator, "_waited_too_long", lambda job: looks.append(job.name) or waited_too_long(job))
+    emulator.hold("on-demand")
+    emulator.hold("spot")
+    backend = SageMakerBackend(**sagemaker.options)
+
+    def quick(request: JobRequest) -> JobRequest:
+        return request.__class__(**{**request.__dict__, "command": (sys.executable, "-c", "print('trained')")})
+
+    on_demand = backend.submit(quick(_request(capacity=names.ON_DEMAND, run_id="held-on-demand")))
+    spot = backend.submit(quick(_request(run_id="held-spot", capacity_wait_s=60)))
+    deadline = time.monotonic() + 10
+    while len(set(looks)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    looks.clear()
+    time.sleep(1.0)
+    # asleep: no look in a second (looking every 0.2 s, 1,000 waiting jobs starved the emulator's requests)
+    assert looks == []
+    emulator.release("on-demand")
+    deadline = time.monotonic() + 10
+    while emulator.job(on_demand.job_id).status == "InProgress" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert emulator.job(on_demand.job_id).status == "Completed"
+    emulator.wait_clock(1e8)  # its MaxWaitTimeInSeconds (the run time and 60 s) has now run out: it wakes, gives up
+    deadline = time.monotonic() + 5
+    while emulator.job(spot.job_id).status == "InProgress" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (emulator.job(spot.job_id).status, emulator.job(spot.job_id).secondary) == (
+        "Stopped",
+        "MaxWaitTimeExceeded",
+    )
+
+
 def test_250_waiting_attempts_cost_at_most_3_calls_per_tick_with_a_third_throttled(sagemaker: SageMakerWorld) -> None:
     backend = SageMakerBackend(**sagemaker.options)
     sagemaker.emulator.hold("spot")

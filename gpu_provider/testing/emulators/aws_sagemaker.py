@@ -198,7 +198,7 @@ class SageMakerEmulator(JobRunner):
         for job in jobs:
             job.hurry.set()
             job.stop_kind = job.stop_kind or "stop"
-            job.wake.set()
+            job.alert()
         for job in jobs:
             for host in job.hosts:
                 kill_process(host.proc, signal.SIGKILL)
@@ -240,6 +240,7 @@ class SageMakerEmulator(JobRunner):
                 self._held.clear()
             else:
                 self._held.discard(capacity)
+        self._nudge_waiting()
 
     def interrupt(self, name: str, *, restart: bool = True) -> None:
         """Reclaim a managed-spot job's instances now: SageMaker restarts it from its checkpoint, or with
@@ -250,7 +251,7 @@ class SageMakerEmulator(JobRunner):
         with self._lock:
             if job.stop_kind is None:
                 job.stop_kind = "interrupt" if restart else "reclaim"
-        job.wake.set()
+        job.alert()
 
     def interrupt_after(
         self, seconds: float, *, name_contains: str | None = None, count: int = 1, checkpointed: bool = False
@@ -268,13 +269,14 @@ class SageMakerEmulator(JobRunner):
         SageMaker give a spot job up (MaxWaitTimeExceeded) without waiting its limit out."""
         with self._lock:
             self._wait_clock = float(factor)
+        self._nudge_waiting()
 
     def fail(self, name: str, reason: str) -> None:
         """End a job Failed now with ``reason`` as its FailureReason (an internal error, say)."""
         job = self._job(name)
         with self._lock:
             job.stop_kind, job.fail_reason = "fail", reason
-        job.wake.set()
+        job.alert()
 
     def backdate(self, name: str, seconds: float) -> None:
         """Move a job's clock ``seconds`` back: it was created, and started training, that much earlier
@@ -289,6 +291,7 @@ class SageMakerEmulator(JobRunner):
                 for key in ("StartTime", "EndTime"):
                     if key in transition:
                         transition[key] -= seconds
+        job.nudge.set()
 
     def forget(self, name: str) -> None:
         with self._lock:
@@ -318,6 +321,7 @@ class SageMakerEmulator(JobRunner):
             self._reported.clear()
             self._interrupt_rules.clear()
             self._wait_clock = 1.0
+        self._nudge_waiting()
 
     def requests(self, action: str | None = None) -> list[dict[str, Any]]:
         """SageMaker and CloudWatch Logs requests received, oldest first: ``{"action", "body", "throttled", "lost",
@@ -342,7 +346,7 @@ class SageMakerEmulator(JobRunner):
             jobs = [j for j in self._jobs.values() if j.status == "InProgress"]
             for job in jobs:
                 job.stop_kind = job.stop_kind or "stop"
-                job.wake.set()
+                job.alert()
         for job in jobs:
             if job.thread is not None:
                 job.thread.join(self.grace_period + 5)
@@ -479,7 +483,7 @@ class SageMakerEmulator(JobRunner):
                 raise _validation(f"The request was rejected because the training job is in status {job.status}.")
             job.stop_kind = "stop"
             job.transition("Stopping", status="Stopping")
-        job.wake.set()
+        job.alert()
         return {}
 
     def _job_by_arn(self, arn: str) -> TrainingJob:
