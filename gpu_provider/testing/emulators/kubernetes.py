@@ -40,6 +40,7 @@ environment value naming a Service (``...svc.cluster.local``) is given to the pr
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import copy
 import json
@@ -48,6 +49,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -155,6 +157,20 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, as the API server serves many clients at once."""
+
+    daemon_threads = True
+    #: connections waiting to be accepted: a burst of new ones (KubernetesPodTrigger opens one per read)
+    #: waits instead of being refused, as with a real API server (the standard library's default is 5)
+    request_queue_size = 1024
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return  # the client went away before its answer (a stopped process): nothing to report
+        super().handle_error(request, client_address)
+
+
 class KubernetesEmulator(PodRunner):
     """The fake API server (see the module docstring). Use as a context manager, or start()/stop().
 
@@ -193,7 +209,7 @@ class KubernetesEmulator(PodRunner):
         self._node_ready: dict[tuple[str, str], float] = {}  # pod -> when its node comes up
         self._phase_since: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._threads: list[threading.Thread] = []
 
     # --- lifecycle ----------------------------------------------------------------------------------
@@ -205,8 +221,7 @@ class KubernetesEmulator(PodRunner):
             pass
 
         Handler.emulator = emulator
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), Handler)
         for target in (self._server.serve_forever, self._loop):
             thread = threading.Thread(target=target, daemon=True, name=f"k8s-emulator-{target.__name__}")
             thread.start()
@@ -501,12 +516,13 @@ class KubernetesEmulator(PodRunner):
                 seen, initial = int(since), []
         yield from initial
         while time.time() < deadline and not self._stop.is_set():
-            with self._lock:
-                fresh = [h for h in self._history if h[0] > seen and h[1] == kind]
-                if not fresh:
-                    self._changed.wait(timeout=min(0.5, max(0.0, deadline - time.time())))
+            with self._lock:  # sleep until a change (or the deadline, or stop): a thousand open watches cost nothing
+                if self._rv <= seen:
+                    self._changed.wait(timeout=max(0.0, deadline - time.time()))
                     continue
-                seen = fresh[-1][0]
+                start = bisect.bisect_right(self._history, seen, key=lambda h: h[0])  # oldest first, by version
+                fresh = [h for h in self._history[start:] if h[1] == kind]
+                seen = self._rv
             for _, _, event, obj in fresh:
                 if wanted(obj):
                     yield {"type": event, "object": obj}
