@@ -39,4 +39,3 @@ def test_the_recovery_benchmark_reads_where_each_training_job_started_and_stoppe
     assert steps_of(fresh) == (0, 47)
     assert steps_of(resumed) == (47, 200)
     assert steps_of(killed) == (0, 40)  # SIGKILL: the last progress line is all the log says
-
