@@ -46,7 +46,7 @@ emulator cannot keep up, the first is what it served, the second what the trigge
 
 Usage: ``python benchmarks/polling.py [--quick] [--backends batch sagemaker kubernetes] [--jobs 100 1000]
 [--interval S] [--window S] [--warmup-max S]`` (``make bench`` runs ``--quick``: 100 jobs, 2 s interval,
-8 s window, about 2 minutes). The full mode (100 and 1,000 jobs on every backend, 10 s interval, 30 s
+8 s window, about a minute). The full mode (100 and 1,000 jobs on every backend, 10 s interval, 30 s
 window) runs the backends one after another, under 10 minutes on 2 cores; ``--backends X`` runs one.
 """
 
