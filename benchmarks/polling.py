@@ -212,7 +212,7 @@ class World:
     kind: str
     env_for: Callable[[str], dict[str, str]]  # a triggerer's connection environment, with its client identity
     backend: Any  # ours
-    requests: Callable[[], list[dict[str, Any]]]
+    requests: Callable[..., list[dict[str, Any]]]  # the emulator's request log (``since=``: only the newer)
     ids_in: Callable[[dict[str, Any]], list[str]]  # the job ids a request names
     submit: Callable[[int], dict[str, Any]]  # the i-th waiting job's handle
 
@@ -359,8 +359,7 @@ class Run:
     client: str = ""
     state: str = "warming"  # -> aligning -> measuring -> done
     seen: set[str] = field(default_factory=set)
-    times: list[float] = field(default_factory=list)  # wall time of each of its requests at the emulator
-    actions: list[str] = field(default_factory=list)  # and its action
+    calls: list[tuple[float, str]] = field(default_factory=list)  # (wall time, action) of its requests at the emulator
     cpu: list[tuple[float, float]] = field(default_factory=list)  # (monotonic, CPU s) while warming
     warmup: float = 0.0
     warmup_end: str = ""
@@ -405,7 +404,7 @@ def _step(w: World, run: Run, interval: float, window: float, warmup_max: float)
         run.cpu.append((now, _cpu_seconds(run.proc.pid)))
         lists = run.side == "ours" and w.kind == "kubernetes"  # one list of pods per tick names none
         every = run.wanted <= run.seen or lists
-        if every and (run.side == "anchor" or len(run.times) >= 2):  # ours: two ticks, too
+        if every and (run.side == "anchor" or len(run.calls) >= 2):  # ours: two ticks, too
             run.warmup_end = "every job asked about"
         elif now - run.started > warmup_max:  # measure what it does anyway, and say how far it had got
             run.warmup_end = (
@@ -416,7 +415,7 @@ def _step(w: World, run: Run, interval: float, window: float, warmup_max: float)
             return
         run.warmup, run.after, run.state = now - run.started, time.time(), "aligning"
     if run.state == "aligning":  # the window opens half an interval after its next request: whole ticks
-        nxt = next((t for t in run.times if t > run.after), None)
+        nxt = next((t for t, _ in run.calls if t > run.after), None)
         if nxt is None or time.time() < nxt + interval / 2:
             return
         run.t0, run.wall0, run.cpu0 = now, time.time(), _cpu_seconds(run.proc.pid)
@@ -427,7 +426,7 @@ def _step(w: World, run: Run, interval: float, window: float, warmup_max: float)
         sent, answered = _client_calls(run.proc, run.out, 2)
         cpu, t1, wall1 = _cpu_seconds(run.proc.pid), time.monotonic(), time.time()
         minutes = (t1 - run.t0) / 60
-        inside = [a for t, a in zip(run.times, run.actions, strict=True) if run.wall0 <= t < wall1]
+        inside = [a for t, a in run.calls if run.wall0 <= t < wall1]
         counted: dict[str, int] = {}
         for action in inside:
             counted[action] = counted.get(action, 0) + 1
@@ -473,15 +472,14 @@ def measure_group(
                     raise RuntimeError(
                         f"{run.client} triggerer exited {run.proc.returncode}: {run.out.read_text()[-3000:]}"
                     )
-            new = w.requests()[mark:]
+            new = w.requests(since=mark)
             mark += len(new)
             for r in new:
                 run = by_client.get(r.get("client") or "")
                 if run is None:
                     print(f"  a request from no triggerer of the group: {r['action']} ({r.get('client')})")
                     continue
-                run.times.append(r["time"])
-                run.actions.append(r["action"])
+                run.calls.append((r["time"], r["action"]))
                 if run.state == "warming":
                     run.seen.update(w.ids_in(r))
             for run in group:

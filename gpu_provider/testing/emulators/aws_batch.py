@@ -504,12 +504,12 @@ class BatchEmulator(JobRunner):
 
     # ------------------------------------------------------------------ inspection
 
-    def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+    def requests(self, action: str | None = None, *, since: int = 0) -> list[dict[str, Any]]:
         """Batch and CloudWatch Logs requests received, oldest first: ``{"action", "body", "throttled",
         "lost", "time", "status", "client"}``; ``action`` is the API name (``SubmitJob``;
         ``logs:GetLogEvents``); ``lost`` says how the response was lost (:meth:`lose_response`), ``None``
         when it was not; ``client`` is the access key id the request was signed with."""
-        return self._log.requests(action)
+        return self._log.requests(action, since=since)
 
     def count(self, action: str) -> int:
         """How many ``action`` requests were received (throttled ones included)."""

@@ -240,10 +240,10 @@ class Ec2SpotEmulator:
         """Answer every ``every``-th request of ``action`` (``"*"``: of both) ``RequestLimitExceeded``; 0: off."""
         self._faults.throttle(action, every)
 
-    def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+    def requests(self, action: str | None = None, *, since: int = 0) -> list[dict[str, Any]]:
         """Requests received, oldest first: ``{"action", "body", "region", "throttled", "status", ...}``;
         ``body`` holds the form fields as sent (``InstanceType.1``, ``TargetCapacity``, ...)."""
-        return self._log.requests(action)
+        return self._log.requests(action, since=since)
 
     # ------------------------------------------------------------------ the patched actions
 

@@ -323,10 +323,10 @@ class SageMakerEmulator(JobRunner):
             self._wait_clock = 1.0
         self._nudge_waiting()
 
-    def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+    def requests(self, action: str | None = None, *, since: int = 0) -> list[dict[str, Any]]:
         """SageMaker and CloudWatch Logs requests received, oldest first: ``{"action", "body", "throttled", "lost",
         "time", "status", "client"}``; ``client`` is the access key id the request was signed with."""
-        return self._log.requests(action)
+        return self._log.requests(action, since=since)
 
     def count(self, action: str) -> int:
         return self._log.count(action)

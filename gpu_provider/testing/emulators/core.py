@@ -161,9 +161,11 @@ class RequestLog:
             self._entries.append(entry)
         return entry
 
-    def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+    def requests(self, action: str | None = None, *, since: int = 0) -> list[dict[str, Any]]:
+        """Copies of the requests, oldest first; ``since`` skips the log's first ``since`` entries (of every
+        action), so a reader that counts what it has read copies only the new ones."""
         with self._lock:
-            return [dict(r) for r in self._entries if action is None or r["action"] == action]
+            return [dict(r) for r in self._entries[since:] if action is None or r["action"] == action]
 
     def count(self, action: str) -> int:
         with self._lock:

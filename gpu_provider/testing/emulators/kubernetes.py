@@ -341,11 +341,11 @@ class KubernetesEmulator(PodRunner):
         with self._lock:
             return [_public(o) for (ns, _), o in self._store[kind].items() if namespace is None or ns == namespace]
 
-    def requests(self, action: str | None = None) -> list[dict[str, Any]]:
+    def requests(self, action: str | None = None, *, since: int = 0) -> list[dict[str, Any]]:
         """API requests received, oldest first: ``{"action", "body", "throttled", "lost", "time", "status",
         "client"}``; ``action`` is ``verb kind[/sub]`` (``get pods``, ``watch events``), ``body`` holds the
         path, query and body; ``client`` is the bearer token the request carried (see :meth:`kubeconfig`)."""
-        return self.log.requests(action)
+        return self.log.requests(action, since=since)
 
     def reset(self) -> None:
         """Clear faults, shortages and the request log; delete every pod, job and service left."""
