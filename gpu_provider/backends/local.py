@@ -181,7 +181,10 @@ class LocalBackend(Backend):
         restarts_inside_job=False,
         unique_names=True,  # one folder per attempt name: a second submit of a name adopts the first
     )
-    fixed_options: ClassVar[frozenset[str]] = frozenset({"nvidia_smi", "state_dir", "run_as_user", "working_dir"})
+    #: what runs, as whom, where, and which folders get deleted: literal or from [gpu_provider]
+    fixed_options: ClassVar[frozenset[str]] = frozenset(
+        {"nvidia_smi", "state_dir", "run_as_user", "working_dir", "retention_days"}
+    )
     #: reading a few local files is cheap: look often
     default_poll_interval: ClassVar[float] = 2.0
     #: the machine costs what [gpu_provider] local_gpu_hour_usd says (default 0)

@@ -97,12 +97,60 @@ def check_fixed_options(backend: Any) -> None:
         return
     fixed = backend_class(str(backend["name"]).strip()).fixed_options
     for key, value in backend.items():
-        if key in fixed and is_templated(value):
+        if key in fixed and _has_template(value):
             raise ValueError(
                 f"backend option {key!r} of the {backend['name']!r} backend cannot be a template: it chooses an "
                 "executable or a place on disk, and templates can take trigger-form params (untrusted input). "
                 "Give a literal value, or set it in the [gpu_provider] config."
             )
+
+
+def check_rendered_fixed_options(rendered: Any, written: Any) -> None:
+    """After rendering: every fixed option of the backend must be written literally in the DAG file.
+
+    ``written`` is ``backend=`` as the DAG file gave it, ``rendered`` the same after Airflow rendered its
+    templates. The parse-time check (:func:`check_fixed_options`) cannot see a fixed option whose
+    backend's name is a template, nor one inside a whole mapping that a template renders (native
+    rendering): such a value can come from the trigger form's params or the run's conf, which anyone
+    allowed to trigger the DAG chooses. A fixed option is accepted only when the written mapping holds
+    the same literal value under that key; left out, the backend reads it from ``[gpu_provider]``.
+    """
+    if not isinstance(rendered, Mapping):
+        return  # a backend object or a name: its options come from DAG code or the config
+    name = rendered.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return  # resolve_backend names the missing key
+    fixed = backend_class(name.strip()).fixed_options
+    literal = written if isinstance(written, Mapping) else {}
+    for key, value in rendered.items():
+        if key not in fixed or value is None or (isinstance(value, str) and not value.strip()):
+            continue
+        if key in literal and not _has_template(literal[key]) and _same(literal[key], value):
+            continue
+        # never echo the value: a connection id or a secret's reference is not for the task log
+        raise ValueError(
+            f"backend option {key!r} of the {name.strip()!r} backend came from a template (it is not written "
+            "literally in the DAG file): it is a fixed option, which a template could take from the trigger "
+            "form's params or the run's conf (untrusted input). Write it literally in the DAG file, or set it in "
+            f"the [gpu_provider] config. Fixed options of this backend: {', '.join(sorted(fixed))}."
+        )
+
+
+def _has_template(value: Any) -> bool:
+    if isinstance(value, Mapping):
+        return any(_has_template(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_template(v) for v in value)
+    return is_templated(value)
+
+
+def _same(literal: Any, rendered: Any) -> bool:
+    """Whether rendering left a literal alone (native rendering may turn ``"8"`` into ``8``)."""
+    if isinstance(literal, Mapping) and isinstance(rendered, Mapping):
+        return literal.keys() == rendered.keys() and all(_same(literal[k], rendered[k]) for k in literal)
+    if isinstance(literal, (list, tuple)) and isinstance(rendered, (list, tuple)):
+        return len(literal) == len(rendered) and all(_same(a, b) for a, b in zip(literal, rendered, strict=True))
+    return bool(literal == rendered or str(literal) == str(rendered))
 
 
 def team_pool(team: Any, pool: Any, resources: GpuResources) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, 
 from gpu_provider.operators._fields import (
     any_templated,
     check_fixed_options,
+    check_rendered_fixed_options,
     check_team_quota,
     configured_poll_interval,
     positive_seconds,
@@ -165,6 +166,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
 
             backend = conf.get("gpu_provider", "default_backend", fallback="") or None
         self.backend = backend
+        self._backend_as_written = backend  # fixed options are checked against it after rendering
         self.capacity = resolve_capacity(capacity)
         ckpt = to_checkpoint(checkpoint)
         self.checkpoint_uri = ckpt.uri if ckpt else None
@@ -202,6 +204,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     # ------------------------------------------------------------------ parse & render checks
     def _plan(self, context: Context) -> _Plan:
         """Validate the rendered fields (templates are resolved by now) and fix the job for this try."""
+        check_rendered_fixed_options(self.backend, self._backend_as_written)
         backend = resolve_backend(self.backend)
         self._backend = backend
         ti = context["ti"]

@@ -41,6 +41,7 @@ from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, 
 from gpu_provider.operators._fields import (
     any_templated,
     check_fixed_options,
+    check_rendered_fixed_options,
     configured_poll_interval,
     positive_seconds,
 )
@@ -163,6 +164,7 @@ class GpuJobSensor(WithTemplateFilters, BaseSensorOperator):
         self.job_id = job_id
         self.job_name = job_name
         self.backend = backend
+        self._backend_as_written = backend  # fixed options are checked against it after rendering
         self.deferrable = deferrable
         self.follow_resubmits = to_bool("follow_resubmits", follow_resubmits)
         resubmit_s = positive_seconds("resubmit_timeout", resubmit_timeout, maximum=MAX_DURATION_S)
@@ -174,6 +176,11 @@ class GpuJobSensor(WithTemplateFilters, BaseSensorOperator):
         self._linked: dict[str, str] = {}
 
     # ------------------------------------------------------------------ finding the job
+    def _rendered_backend(self) -> Backend:
+        """The backend as rendered for this run, refused when a template set one of its fixed options."""
+        check_rendered_fixed_options(self.backend, self._backend_as_written)
+        return resolve_backend(self.backend)
+
     def _find(self, backend: Backend) -> JobHandle:
         """The job named by ``job_id``/``job_name`` (rendered by now)."""
         if self.job_id is not None:
@@ -211,7 +218,7 @@ class GpuJobSensor(WithTemplateFilters, BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)  # poke / reschedule: BaseSensorOperator calls poke()
-        backend = resolve_backend(self.backend)
+        backend = self._rendered_backend()
         handle = self._find(backend)
         # read while the service surely knows the job: a job it loses later ("lost") is followed too
         follow = _Follow(task=backend.task_of(handle) if self.follow_resubmits else None)
@@ -227,7 +234,7 @@ class GpuJobSensor(WithTemplateFilters, BaseSensorOperator):
         """The trigger fired: check the event, then act on the job's end (or wait on its next attempt)."""
         if not isinstance(event, dict) or event.get("status") not in names.EVENT_STATUSES:
             raise GpuJobPollError(f"GPU job trigger returned an unexpected event: {event!r}")
-        backend = resolve_backend(self.backend)
+        backend = self._rendered_backend()
         handle = JobHandle.from_dict(event["handle"])
         if event["status"] == names.EVENT_POLL_ERROR:
             raise GpuJobPollError(
@@ -302,7 +309,7 @@ class GpuJobSensor(WithTemplateFilters, BaseSensorOperator):
     def poke(self, context: Context) -> bool | PokeReturnValue:
         """One look at the job (and, when following, at the attempts after it). In ``reschedule`` mode
         every poke starts again from the named job: nothing is kept between pokes but the job itself."""
-        backend = resolve_backend(self.backend)
+        backend = self._rendered_backend()
         try:
             return self._poke(context, backend)
         except GpuBackendThrottledError as err:  # the service answered, only asked us to slow down: not yet

@@ -153,6 +153,11 @@ class BatchBackend(Backend):
     """
 
     name: ClassVar[str] = "batch"
+    #: who the job runs as, where its secrets come from, which account and endpoint: from the
+    #: [gpu_provider] config or literal DAG code, never a template (trigger-form params are untrusted)
+    fixed_options: ClassVar[frozenset[str]] = frozenset(
+        {"aws_conn_id", "region_name", "job_role_arn", "execution_role_arn", "secrets"}
+    )
     service: ClassVar[str] = "AWS Batch"
     capabilities: ClassVar[Capabilities] = Capabilities(
         multi_node_spot=False,  # Batch runs multi-node parallel jobs on EC2 (on-demand) compute environments only

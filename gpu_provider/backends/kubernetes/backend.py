@@ -146,6 +146,12 @@ class KubernetesBackend(Backend):
     """
 
     name: ClassVar[str] = "kubernetes"
+    #: which cluster, namespace and identity the pods run as, where their secrets come from, where
+    #: the console link points: from the [gpu_provider] config or literal DAG code, never a template
+    #: (trigger-form params are untrusted)
+    fixed_options: ClassVar[frozenset[str]] = frozenset(
+        {"kubernetes_conn_id", "namespace", "service_account", "secrets", "image_pull_secrets", "dashboard_url"}
+    )
     service: ClassVar[str] = "Kubernetes"
     capabilities: ClassVar[Capabilities] = Capabilities(
         image_required=True,

@@ -148,6 +148,21 @@ class SageMakerBackend(Backend):
     """
 
     name: ClassVar[str] = "sagemaker"
+    #: who the job runs as, where its secrets come from, which account, endpoint, network, key and
+    #: bucket: from the [gpu_provider] config or literal DAG code, never a template (trigger-form
+    #: params are untrusted)
+    fixed_options: ClassVar[frozenset[str]] = frozenset(
+        {
+            "aws_conn_id",
+            "region_name",
+            "role_arn",
+            "secrets",
+            "output_path",
+            "kms_key_id",
+            "subnets",
+            "security_group_ids",
+        }
+    )
     service: ClassVar[str] = SERVICE
     capabilities: ClassVar[Capabilities] = Capabilities(
         multi_node=True,
