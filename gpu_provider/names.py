@@ -20,6 +20,9 @@ ENV_ATTEMPT = "GPU_PROVIDER_ATTEMPT"
 ENV_CAPACITY = "GPU_PROVIDER_CAPACITY"
 ENV_OUTPUT_FILE = "GPU_PROVIDER_OUTPUT_FILE"
 ENV_PREFIX = "GPU_PROVIDER_"
+#: JSON ``{"NAME": "<Secrets Manager ARN or SSM parameter>"}``: references the in-job runtime helper
+#: (``python -m gpu_provider.runtime.secrets``) resolves with the job's own role (SageMaker ``secrets=``)
+ENV_SECRET_REFS = "GPU_PROVIDER_SECRET_REFS"
 #: rendezvous variables, normalised on every backend
 RENDEZVOUS_ENV = ("NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT")
 

@@ -1,4 +1,4 @@
-"""The Batch backend's options that need more than a text check: secrets (ARNs, never values) and the
+"""The Batch backend's options that need more than a text check: secrets (references, never values) and the
 team -> fair-share identifier map. Errors name the field and never echo a secret."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpu_provider.backends.base import provider_config
+from gpu_provider.runtime.secrets import check_refs
 
 #: a Batch fair-share identifier of a job (a scheduling policy may add a trailing '*', a job may not)
 SHARE_IDENTIFIER = re.compile(r"[A-Za-z0-9_]{1,255}")
@@ -17,30 +18,9 @@ TEAM = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
 
 def secrets(secrets: Any) -> dict[str, str]:
-    if secrets is None or secrets == "":
-        return {}
-    if isinstance(secrets, str):
-        try:
-            secrets = json.loads(secrets)
-        except json.JSONDecodeError:
-            raise ValueError(
-                "secrets must be a mapping of variable names to Secrets Manager or SSM ARNs "
-                '(as a dict, or JSON text like {"HF_TOKEN": "arn:aws:secretsmanager:..."})'
-            ) from None
-    if not isinstance(secrets, Mapping):
-        raise TypeError(f"secrets ({type(secrets).__name__}) must be a mapping of variable names to ARNs")
-    out = {}
-    for key, value in secrets.items():
-        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ValueError(f"secrets key {key!r} is not a valid environment variable name")
-        if not isinstance(value, str) or not value.startswith("arn:"):
-            # an ARN is not secret, but a value passed here by mistake might be: do not echo it
-            raise ValueError(
-                f"secrets[{key!r}] must be the ARN of a Secrets Manager secret or SSM parameter "
-                "(arn:aws:...), not the secret itself"
-            )
-        out[key] = value
-    return out
+    """``secrets=``: variable names to references (one shape on every AWS backend: see
+    :func:`gpu_provider.runtime.secrets.check_refs`); Batch resolves them with the execution role."""
+    return check_refs(secrets)
 
 
 def share_identifiers(value: Any) -> dict[str, str]:

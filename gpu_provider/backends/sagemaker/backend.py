@@ -18,6 +18,7 @@ DescribeTrainingJob only for jobs that changed since the last read (see :meth:`S
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -59,6 +60,7 @@ from gpu_provider.backends.common import list_option, run_bounded, text_option
 from gpu_provider.backends.sagemaker import mapping
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
+from gpu_provider.runtime.secrets import check_refs
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -102,6 +104,9 @@ MULTI_NODE_ENTRY = (
     'export NODE_RANK=$((${n:-1} - 1)); export MASTER_ADDR="${MASTER_ADDR:-algo-1}"; exec "$@"'
 )
 
+#: the entry that reads ``secrets=`` in the job with the training role (gpu_provider.runtime.secrets)
+SECRETS_ENTRY = ("python3", "-m", "gpu_provider.runtime.secrets", "--")
+
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
 _TAG_UNSAFE = re.compile(r"[^\w\s.:/=+\-@]", re.UNICODE)
 _S3_PATH = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
@@ -141,6 +146,13 @@ class SageMakerBackend(Backend):
     :param instance_type: the instance of jobs that name neither ``gpu_type`` nor ``instance_types``
         [``sagemaker_instance_type``]; default: the instance table's ``a10g`` row for the GPU count.
     :param kms_key_id: KMS key for the output and the instances' volumes [``sagemaker_kms_key_id``].
+    :param secrets: environment variables read at the job's start from Secrets Manager or SSM Parameter
+        Store, as ``{"NAME": "arn:aws:secretsmanager:..."}`` (the shape of the Batch backend's; a JSON text
+        works too). The request carries only the references (in
+        ``GPU_PROVIDER_SECRET_REFS``); the command runs through ``python3 -m gpu_provider.runtime.secrets``,
+        which reads them with the training role, so the image needs this package and boto3, and the role
+        ``secretsmanager:GetSecretValue`` / ``ssm:GetParameter``. Values passed through ``env=`` instead are
+        readable by anyone allowed ``DescribeTrainingJob``.
     :param master_port: ``MASTER_PORT`` of multi-node jobs (default 29500).
     :param multi_node_entry: wrap multi-node commands in a ``/bin/sh`` entry that sets ``NODE_RANK`` and
         ``MASTER_ADDR`` from SageMaker's ``resourceconfig.json`` (default true). Turn off if the image
@@ -196,6 +208,7 @@ class SageMakerBackend(Backend):
         volume_size_gb: int | str | None = None,
         instance_type: str | None = None,
         kms_key_id: str | None = None,
+        secrets: Mapping[str, str] | str | None = None,
         master_port: int | str = DEFAULT_MASTER_PORT,
         multi_node_entry: bool | str = True,
     ) -> None:
@@ -235,6 +248,7 @@ class SageMakerBackend(Backend):
         chosen = text_option("instance_type", instance_type, config_key="sagemaker_instance_type")
         self.instance_type = mapping.training_instance(chosen) if chosen else None
         self.kms_key_id = text_option("kms_key_id", kms_key_id, config_key="sagemaker_kms_key_id")
+        self.secrets = check_refs(secrets)
         try:
             port = int(str(master_port).strip())
         except ValueError:
@@ -263,6 +277,7 @@ class SageMakerBackend(Backend):
             "volume_size_gb": self.volume_size_gb,
             "instance_type": self.instance_type,
             "kms_key_id": self.kms_key_id,
+            "secrets": dict(self.secrets) or None,
             "master_port": self.master_port,
             "multi_node_entry": self.multi_node_entry,
         }
@@ -332,6 +347,8 @@ class SageMakerBackend(Backend):
         env["NNODES"] = str(request.resources.nodes)
         env["MASTER_PORT"] = str(self.master_port)
         env["SM_INPUT_CONFIG_DIR"] = INPUT_CONFIG_DIR
+        if self.secrets:  # references only: the entry resolves them in the job (SECRETS_ENTRY)
+            env[names.ENV_SECRET_REFS] = json.dumps(self.secrets, separators=(",", ":"), sort_keys=True)
         if request.resources.nodes == 1:
             env.update({"NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1"})
         if len(env) > MAX_ENV_ENTRIES:
@@ -368,6 +385,8 @@ class SageMakerBackend(Backend):
                 "use an s3:// checkpoint location with the sagemaker backend"
             )
         command = list(request.command)
+        if self.secrets:
+            command = [*SECRETS_ENTRY, *command]
         if request.resources.nodes > 1 and self.multi_node_entry:
             command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *command]
         for i, arg in enumerate(command):

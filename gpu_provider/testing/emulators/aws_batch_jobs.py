@@ -27,6 +27,7 @@ from typing import Any
 
 from moto.batch import models as batch_models
 
+from gpu_provider.runtime.secrets import resolve as resolve_secrets
 from gpu_provider.testing.emulators.core import current_body
 
 logger = logging.getLogger(__name__)
@@ -204,6 +205,10 @@ class JobRunner:
         except ValueError as err:
             self._finish(run, success=False, reason=f"CannotStartContainerError: {err}")
             return
+        except LookupError as err:
+            reason = f"ResourceInitializationError: unable to pull secrets or registry auth: {err}"
+            self._finish(run, success=False, reason=reason)
+            return
         self._set_status(run, "RUNNING")
         self._monitor(run)
 
@@ -272,6 +277,7 @@ class JobRunner:
             command = job._get_container_property("command", [])
             env = env_dict(props.get("environment"))
             env.update(env_dict(job.container_overrides.get("environment")))
+            env.update(self._secret_env(props))
             env.update(batch_env)
             return [Node(0, self._resolve_command(job, command), env, self._stream_name(job))]
 
@@ -299,6 +305,7 @@ class JobRunner:
             self._note_image(containers[i].get("image"))
             env = {
                 **envs[i],
+                **self._secret_env(containers[i]),
                 **batch_env,
                 "AWS_BATCH_JOB_ID": f"{job.job_id}#{i}",
                 "AWS_BATCH_JOB_NUM_NODES": str(num_nodes),
@@ -309,6 +316,21 @@ class JobRunner:
                 env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = MAIN_NODE_ADDRESS
             nodes.append(Node(i, self._resolve_command(job, commands[i]), env, self._stream_name(job)))
         return nodes
+
+    def _secret_env(self, container: dict[str, Any]) -> dict[str, str]:
+        """What Batch puts into the container from its ``secrets`` (real Batch reads them with the execution
+        role; here from this emulator's Secrets Manager and SSM). ``LookupError`` names what failed."""
+        refs = {str(s["name"]): str(s["valueFrom"]) for s in container.get("secrets") or []}
+        if not refs:
+            return {}
+        import boto3
+
+        def client(service: str, region: str | None) -> Any:
+            return boto3.client(
+                service, endpoint_url=self.endpoint_url, region_name=region or self.region, **DUMMY_CREDENTIALS
+            )
+
+        return resolve_secrets(refs, client)
 
     @staticmethod
     def _resolve_command(job: batch_models.Job, command: Any) -> list[str]:
