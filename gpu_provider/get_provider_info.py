@@ -90,6 +90,17 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "50",
                         "default": "10",
                     },
+                    "refuse_secrets_in_env": {
+                        "description": "Refuse (a DAG import error) instead of warning when a GpuJobOperator passes "
+                        "a secret through env= to a remote backend: a template reading a connection's password or "
+                        "extra, a Variable with a secret's name, or any template under a secret's name (HF_TOKEN, "
+                        "DB_PASSWORD, ...). env= values travel in the job's request, readable by anyone allowed to "
+                        "describe the job; the backends' secrets= option passes references instead.",
+                        "version_added": "0.4.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    },
                     "local_run_as_user": {
                         "description": "Run the local backend's job processes as this user (the worker must run "
                         "as root), so a job cannot read the worker's environment or other jobs' state. Empty: "

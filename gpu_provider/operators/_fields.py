@@ -153,6 +153,77 @@ def _same(literal: Any, rendered: Any) -> bool:
     return bool(literal == rendered or str(literal) == str(rendered))
 
 
+#: a name that says it holds a secret (an environment variable's or an Airflow Variable's)
+SECRET_NAME = re.compile(
+    r"(^|[_.\-])(PASSWORD|PASSWD|PASSPHRASE|SECRETS?|TOKEN|CREDENTIALS?|(API|ACCESS|PRIVATE|SECRET|AUTH)[_\-]?KEY)([_.\-]|$)",
+    re.IGNORECASE,
+)
+#: a template reading a connection's password or extra (``conn.x.password``, ``conn['x'].extra_dejson``)
+_CONN_SECRET = re.compile(
+    r"\bconn(?:\.\w+|\[\s*['\"][^'\"]+['\"]\s*\])\.(password|get_password|extra|extra_dejson|get_extra|get_uri)\b"
+)
+#: a template reading a Variable (``var.value.x``, ``var.json.x``, ``var.value.get('x')``, ``Variable.get('x')``)
+_VARIABLE = re.compile(
+    r"\bvar\.(?:value|json)(?:\.(?!get\b)(\w+)|\.get\(\s*['\"]([^'\"]+)|\[\s*['\"]([^'\"]+))"
+    r"|\bVariable\.get\(\s*(?:key\s*=\s*)?['\"]([^'\"]+)"
+)
+
+
+def secret_in_env(key: str, value: Any) -> str | None:
+    """What makes ``env[key]`` look like a secret (a template reading a connection's password or a
+    Variable with a secret's name, or any template under a secret's name); ``None`` when nothing does."""
+    if not is_templated(value):
+        return None
+    conn = _CONN_SECRET.search(value)
+    if conn:
+        return f"a connection's {conn.group(1)}"
+    for match in _VARIABLE.finditer(value):
+        name = next(g for g in match.groups() if g)
+        if SECRET_NAME.search(name):
+            return f"the Variable {name!r}"
+    if SECRET_NAME.search(key):
+        return "a template under a secret's name"
+    return None
+
+
+def _may_run_remote(backend: Any) -> str | None:
+    """The backend's name when it is (or, templated, may be) a remote one; ``None`` for the local backend."""
+    name = backend.get("name") if isinstance(backend, Mapping) else backend
+    if isinstance(backend, Backend):
+        name = backend.name
+    if name is None or (isinstance(name, str) and name.strip() in ("", "local")):
+        return None
+    return "templated" if is_templated(name) else str(name).strip()
+
+
+def check_secrets_in_env(task_id: str, env: Any, backend: Any) -> None:
+    """Warn (or refuse, with ``[gpu_provider] refuse_secrets_in_env``) when ``env=`` passes a secret to a
+    remote backend: ``env=`` travels in the job's request, readable by anyone allowed to describe the job."""
+    name = _may_run_remote(backend)
+    if name is None or env is None:
+        return
+    items = env.items() if isinstance(env, Mapping) else [("env", env)]
+    found = [(str(key), what) for key, value in items if (what := secret_in_env(str(key), value))]
+    if not found:
+        return
+    from airflow.configuration import conf
+
+    which = "a remote backend (its name is a template)" if name == "templated" else f"the {name!r} backend"
+    message = (
+        f"task {task_id!r}: "
+        + "; ".join(f"env[{key!r}] passes {what}" for key, what in found)
+        + f" to {which}. env= values travel in the job's request and are readable by anyone allowed to describe "
+        "the job (DescribeJobs, DescribeTrainingJob, the pod spec). Pass a reference instead, with the backend's "
+        "secrets= option (a Secrets Manager ARN or SSM parameter on Batch and SageMaker, 'secret/key' on "
+        "Kubernetes): the job reads the value when it starts."
+    )
+    if conf.getboolean("gpu_provider", "refuse_secrets_in_env", fallback=False):
+        raise ValueError(message + " ([gpu_provider] refuse_secrets_in_env is on.)")
+    warnings.warn(
+        message + " ([gpu_provider] refuse_secrets_in_env = True refuses such DAGs.)", UserWarning, stacklevel=4
+    )
+
+
 def team_pool(team: Any, pool: Any, resources: GpuResources) -> dict[str, Any]:
     """``team=`` -> the ``pool`` (``gpu_<team>``) and ``pool_slots`` (total GPUs rounded up) it sets."""
     if team is None:

@@ -39,6 +39,7 @@ from gpu_provider.operators._fields import (
     any_templated,
     check_fixed_options,
     check_rendered_fixed_options,
+    check_secrets_in_env,
     check_team_quota,
     configured_poll_interval,
     positive_seconds,
@@ -193,6 +194,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         elif isinstance(backend, Mapping) and not is_templated(backend.get("name")):
             check_backend_name(str(backend.get("name")))
         warn_spot_without_checkpoint(self.task_id, self.capacity, self.checkpoint_uri, self.max_runtime_s)
+        check_secrets_in_env(self.task_id, env, backend)
         check_team_quota(team, priority)
         self._handle: JobHandle | None = None
         self._backend: Backend | None = None
