@@ -54,6 +54,7 @@ from gpu_provider.operators._fields import (
 from gpu_provider.records import AttemptRecord, dump_records, load_records
 from gpu_provider.recovery import CapacityPolicy, resolve_capacity
 from gpu_provider.spend.budget import SpendControl, check_max_cost
+from gpu_provider.spend.ended import record_end
 from gpu_provider.templates import WithTemplateFilters
 
 if TYPE_CHECKING:
@@ -202,6 +203,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self._try_number: int | None = None
         self._log_link: str | None = None
         self._stop = threading.Event()
+        self._attempts: AttemptRunner | None = None  # this try's runner: on_kill writes the end of its attempt
 
     # ------------------------------------------------------------------ parse & render checks
     def _plan(self, context: Context) -> _Plan:
@@ -334,7 +336,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             before_submit=[spend.before_submit],
             on_status=[spend.on_status],
         )
-        return AttemptRunner(
+        runner = self._attempts = AttemptRunner(
             plan.backend,
             engine,
             log=self.log,
@@ -347,6 +349,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             execution_timeout=self.execution_timeout,
             cost_limit=lambda record: spend.cost_limit(record, engine.records),
         )
+        return runner
 
     def _run(self, context: Context, plan: _Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
         """Carry the engine's steps out until the job succeeds, the try fails, or the task defers."""
@@ -531,5 +534,6 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 return
             backend.cancel(handle, f"{self._task_label()} was killed")
             self.log.info("Cancelled %s job %s because the task was killed.", backend.name, handle.job_id)
+            record_end(self._attempts, handle, f"{self._task_label()} was killed", timeout=ON_KILL_OWNER_READ_S)
         except Exception:
             self.log.exception("Could not cancel job %s on kill", handle.job_id)
