@@ -184,3 +184,65 @@ def test_a_live_job_no_record_knows_is_listed_apart() -> None:
     mine = OwnedJob(handle=known.handle, task=TaskKey("d", "t", "r"), state=JobState.RUNNING, gpus=1.0)
     (only,) = data.untracked(attempts, {"stray": stray, "known": mine}, NOW)
     assert (only["job_id"], only["team"], only["running_for_s"]) == ("stray", "vision", 30.0)
+
+
+@pytest.mark.parametrize(
+    "top", [0.0, 0.0023, 0.0121, 0.0154, 0.0386, 0.01, 0.099, 0.5, 1, 3, 7.3, 12, 150, 1234.5, 2.5e6]
+)
+def test_axis_labels_are_distinct_and_reach_the_top(top: float) -> None:
+    """Issue 25.6: the cost axis read "$0.00" on every line for amounts in cents, and repeated "$0.01"."""
+    for money in (True, False):
+        y = data.axis(top, money=money)
+        assert len(set(y["labels"])) == len(y["labels"]) >= 2, y
+        assert y["ticks"][0] == 0 and y["max"] == y["ticks"][-1] >= top, y
+        assert len(y["ticks"]) <= 6, y
+        # each label says its tick's value
+        for value, label in zip(y["ticks"], y["labels"], strict=True):
+            assert float(label.lstrip("$").replace(",", "")) == pytest.approx(value, abs=1e-9), (value, label)
+
+
+def test_the_cost_chart_labels_cents() -> None:
+    rows = [row(record("a", end=NOW - HOUR, cost=0.0154)), row(record("b", end=NOW - HOUR, cost=0.0023), team="nlp")]
+    y = data.daily_cost(data.attempts_of(rows, {}, NOW), 7, NOW)["y_axis"]
+    assert y["labels"] == ["$0.000", "$0.005", "$0.010", "$0.015", "$0.020"]
+
+
+def test_gpus_in_use_steps_show_a_minute_long_run_over_the_span_with_data() -> None:
+    """Issue 25.6: a day of 5-minute means drew minute-long runs as a flat line with a spike at the end."""
+    runs = [
+        record("a", start=NOW - 3 * HOUR, end=NOW - 3 * HOUR + 60, gpu_seconds=120),  # 2 GPUs for a minute
+        record("b", attempt=2, start=NOW - HOUR, end=None, state=JobState.RUNNING),  # still running
+    ]
+    attempts = data.attempts_of([row(*runs, ti_state="running")], {}, NOW)
+    for a in attempts:
+        a.gpus = 2.0
+    chart = data.gpus_in_use(attempts, "day", NOW)
+    assert chart["span"] == {"start": iso(NOW - 3 * HOUR), "end": iso(NOW)}
+    assert chart["steps"]["vision"] == [
+        [iso(NOW - 3 * HOUR), 2.0],
+        [iso(NOW - 3 * HOUR + 60), 0.0],
+        [iso(NOW - HOUR), 2.0],
+        [iso(NOW), 0.0],
+    ]
+    assert chart["y_axis"]["labels"] == ["0.0", "0.5", "1.0", "1.5", "2.0"]
+
+
+def _live(job_id: str, dag_id: str | None) -> OwnedJob:
+    task = TaskKey(dag_id, "t", "r") if dag_id else None
+    return OwnedJob(handle=JobHandle("batch", job_id, job_id, 1, "spot", NOW), task=task, state=JobState.RUNNING)
+
+
+def test_live_jobs_and_errors_are_cut_to_what_a_user_may_read() -> None:
+    """Issue 25.4: every answer counted all DAGs' live jobs and quoted backends' errors naming other teams' roles."""
+    from gpu_provider.plugins.ui import queries
+
+    jobs = {"a": _live("a", "vision_train"), "b": _live("b", "nlp_train"), "c": _live("c", "deleted_dag")}
+    jobs["d"] = _live("d", None)
+    assert set(queries.visible_live(jobs, {"vision_train"}, every_dag=False)) == {"a"}
+    # a user who may read every DAG also sees jobs of DAGs Airflow does not know (untracked)
+    assert set(queries.visible_live(jobs, {"vision_train", "nlp_train"}, every_dag=True)) == {"a", "b", "c", "d"}
+    secret = "batch: could not list its jobs: AccessDenied for arn:aws:iam::123456789012:role/nlp-team-batch"
+    live = queries.LiveJobs(errors=[secret], failed=["batch"])
+    (told,) = queries.visible_errors(live, every_dag=False)
+    assert told.startswith("batch: ") and "nlp-team" not in told and "arn:" not in told
+    assert queries.visible_errors(live, every_dag=True) == [secret]

@@ -3,13 +3,17 @@
 Every route but the navigation icon goes through Airflow's own auth dependencies, the ones its public
 API uses (``airflow.api_fastapi.core_api.security``): the caller must be signed in (JWT in the
 ``Authorization`` header or the UI's ``_token`` cookie) and allowed to read task instances; the team
-table also needs pool read access. Rows are filtered to the DAGs the user may read
-(``get_authorized_dag_ids``), so a user sees the attempts of their DAGs only.
+table also needs pool read access. Everything is filtered to the DAGs the user may read
+(``get_authorized_dag_ids``): the rows, the charts, and the live figures every answer carries
+(``live_jobs``; ``live_errors`` name the backend only, since a service's error may name other teams'
+roles). A user who may read every DAG also sees the live jobs of DAGs Airflow does not know
+(``untracked``) and the backends' own errors.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from importlib import resources
 from typing import Annotated, Any, Literal
 
@@ -45,24 +49,42 @@ def _json_headers(response: Response) -> None:
     response.headers["Cache-Control"] = "no-store"
 
 
-def _attempts(user: Any) -> tuple[list[data.Attempt], queries.Snapshot]:
+@dataclass(frozen=True)
+class _View:
+    """One request's read, cut to what its user may see."""
+
+    attempts: list[data.Attempt]
+    snap: queries.Snapshot
+    live: dict[str, Any]
+    """The live jobs of the DAGs the user may read (all of them for a user who may read every DAG)."""
+    every_dag: bool
+
+    def meta(self) -> dict[str, Any]:
+        """What every answer carries; every number counts the user's DAGs only."""
+        snap = self.snap
+        return {
+            "generated_at": data._iso(snap.read_at),
+            "read_s": round(snap.read_s, 3),
+            "truncated": snap.truncated,
+            "max_task_rows": queries.MAX_TASK_ROWS,
+            "live_backends": snap.live.backends,
+            "live_jobs": len(self.live),
+            "live_errors": queries.visible_errors(snap.live, self.every_dag),
+            "all_dags": self.every_dag,
+            "version": __version__,
+        }
+
+
+def _view(user: Any) -> _View:
     snap = queries.snapshot()
-    allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
+    auth = get_auth_manager()
+    allowed = auth.get_authorized_dag_ids(user=user, method="GET")
+    # no DAG named: access to every DAG (the auth managers' "all DAGs" permission)
+    every_dag = bool(auth.is_authorized_dag(method="GET", user=user))
     rows = queries.permitted(snap.rows, allowed)
-    return data.attempts_of(rows, snap.live.jobs, time.time(), snap.live.usd_per_hour), snap
-
-
-def _meta(snap: queries.Snapshot) -> dict[str, Any]:
-    return {
-        "generated_at": data._iso(snap.read_at),
-        "read_s": round(snap.read_s, 3),
-        "truncated": snap.truncated,
-        "max_task_rows": queries.MAX_TASK_ROWS,
-        "live_backends": snap.live.backends,
-        "live_jobs": len(snap.live.jobs),
-        "live_errors": snap.live.errors,
-        "version": __version__,
-    }
+    live = queries.visible_live(snap.live.jobs, allowed, every_dag)
+    attempts = data.attempts_of(rows, snap.live.jobs, time.time(), snap.live.usd_per_hour)  # by job id: only theirs
+    return _View(attempts, snap, live, every_dag)
 
 
 def create_app() -> FastAPI:
@@ -96,22 +118,20 @@ def create_app() -> FastAPI:
     def summary(user: GetUserDep, response: Response) -> dict[str, Any]:
         """Per team: pool slots in use / total, waiting tasks and jobs, GPU-hours, cost, interruption rates."""
         _json_headers(response)
-        attempts, snap = _attempts(user)
-        now = time.time()
-        return {**_meta(snap), "teams": data.team_figures(attempts, snap.pools, now)}
+        view = _view(user)
+        return {**view.meta(), "teams": data.team_figures(view.attempts, view.snap.pools, time.time())}
 
     @api.get("/running")
     def running(user: GetUserDep, response: Response) -> dict[str, Any]:
         """The attempts running or waiting for capacity now, with live state from the backends."""
         _json_headers(response)
-        attempts, snap = _attempts(user)
+        view = _view(user)
         now = time.time()
-        rows = data.running(attempts, now)
+        rows = data.running(view.attempts, now)
         _add_links(rows)
-        allowed = get_auth_manager().get_authorized_dag_ids(user=user, method="GET")
-        live = {k: j for k, j in snap.live.jobs.items() if j.task is not None and j.task.dag_id in allowed}
-        # the records of every permitted DAG count as known (not only the window's running ones)
-        return {**_meta(snap), "running": rows, "untracked": data.untracked(attempts, live, now)}
+        # the records of every permitted DAG count as known (not only the window's running ones); a user
+        # who may read every DAG also sees the jobs of DAGs Airflow does not know
+        return {**view.meta(), "running": rows, "untracked": data.untracked(view.attempts, view.live, now)}
 
     @api.get("/attempts")
     def attempts(
@@ -123,17 +143,17 @@ def create_app() -> FastAPI:
     ) -> dict[str, Any]:
         """Ended attempts of the last 30 days, newest first: how each ended and why."""
         _json_headers(response)
-        found, snap = _attempts(user)
-        page = data.recent(found, time.time(), offset=offset, limit=limit, team=team)
+        view = _view(user)
+        page = data.recent(view.attempts, time.time(), offset=offset, limit=limit, team=team)
         _add_links(page["attempts"])
-        return {**_meta(snap), **page}
+        return {**view.meta(), **page}
 
     @api.get("/gpus_in_use")
     def gpus_in_use(user: GetUserDep, response: Response, window: Window = "day") -> dict[str, Any]:
         """GPUs in use per team over the window (mean per bucket: 5 min, 1 h or 6 h)."""
         _json_headers(response)
-        found, snap = _attempts(user)
-        return {**_meta(snap), **data.gpus_in_use(found, window, time.time())}
+        view = _view(user)
+        return {**view.meta(), **data.gpus_in_use(view.attempts, window, time.time())}
 
     @api.get("/daily_cost")
     def daily_cost(
@@ -141,8 +161,8 @@ def create_app() -> FastAPI:
     ) -> dict[str, Any]:
         """Estimated USD per team per UTC day."""
         _json_headers(response)
-        found, snap = _attempts(user)
-        return {**_meta(snap), **data.daily_cost(found, days, time.time())}
+        view = _view(user)
+        return {**view.meta(), **data.daily_cost(view.attempts, days, time.time())}
 
     app.include_router(page)
     app.include_router(api)

@@ -18,6 +18,7 @@ Attribution rules (the README's "The GPU page" says the same):
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -349,13 +350,71 @@ def gpus_in_use(attempts: Sequence[Attempt], window: str, now: float) -> dict[st
             if overlap > 0:
                 values[i] += a.gpus * overlap / step
             i += 1
+    span, steps = gpu_steps(attempts, now - length, now)
+    top = max((gpus for points in steps.values() for _, gpus in points), default=0.0)
     return {
         "window": window,
         "bucket_s": step,
         "start": _iso(first),
         "times": [_iso(first + i * step) for i in range(count)],
         "teams": {team: [round(v, 3) for v in values] for team, values in sorted(series.items())},
+        # what the chart draws: the exact count per team as steps, over the part of the window with data
+        "span": {"start": _iso(span[0]), "end": _iso(span[1])},
+        "steps": {team: [[_iso(t), round(g, 3)] for t, g in points] for team, points in sorted(steps.items())},
+        "y_axis": axis(top),
     }
+
+
+def gpu_steps(
+    attempts: Sequence[Attempt], begin: float, now: float
+) -> tuple[tuple[float, float], dict[str, list[tuple[float, float]]]]:
+    """GPUs in use per team as a step function: ``(time, GPUs from then on)`` at every change, over the
+    span of ``[begin, now]`` that has data (from the first start in it; the whole window when none).
+
+    A minute-long run over a day is a step a person can see, where the mean of 5-minute buckets over a
+    day's axis is a flat line with a spike.
+    """
+    changes: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
+    first = now
+    for a in attempts:
+        if a.start is None or not a.gpus:
+            continue
+        start, end = max(a.start, begin), min(a.end if a.end is not None else now, now)
+        if end <= start:
+            continue
+        first = min(first, start)
+        changes[a.team][start] += a.gpus
+        changes[a.team][end] -= a.gpus
+    if first >= now:
+        return (begin, now), {}
+    out: dict[str, list[tuple[float, float]]] = {}
+    for team, deltas in changes.items():
+        level, points = 0.0, [(first, 0.0)]
+        for moment in sorted(deltas):
+            level = max(0.0, level + deltas[moment])
+            if moment == points[-1][0]:
+                points[-1] = (moment, level)
+            else:
+                points.append((moment, level))
+        out[team] = points
+    return (first, now), out
+
+
+def axis(top: float, *, money: bool = False, ticks: int = 4) -> dict[str, Any]:
+    """A chart's y axis: values from 0 in round steps (1, 2 or 5 x 10^n) up to at least ``top``, about
+    ``ticks`` of them, and their labels, each with as many decimals as the step needs so that no two
+    labels read the same (amounts of cents: ``$0.005``, ``$0.010``; money shows at least cents)."""
+    top = top if top > 0 else (0.01 if money else 1.0)
+    raw = top / ticks
+    magnitude = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1.0, 2.0, 5.0, 10.0) if m * magnitude >= raw * (1 - 1e-9))
+    count = max(1, math.ceil(top / step - 1e-9))
+    values = [round(step * i, 12) for i in range(count + 1)]
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    if money and step < 1:
+        decimals = max(decimals, 2)  # an amount under a dollar reads in cents at least
+    labels = [("$" if money else "") + f"{v:,.{decimals}f}" for v in values]
+    return {"max": values[-1], "ticks": values, "labels": labels}
 
 
 def daily_cost(attempts: Sequence[Attempt], days: int, now: float) -> dict[str, Any]:
@@ -371,9 +430,11 @@ def daily_cost(attempts: Sequence[Attempt], days: int, now: float) -> dict[str, 
         day = datetime.fromtimestamp(a.end if a.end is not None else now, tz=timezone.utc).date()
         if day in index:
             series[a.team][index[day]] += cost
+    totals = [sum(values[i] for values in series.values()) for i in range(days)]
     return {
         "days": [d.isoformat() for d in dates],
         "teams": {team: [round(v, 4) for v in values] for team, values in sorted(series.items())},
+        "y_axis": axis(max(totals, default=0.0), money=True),
     }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -179,6 +179,9 @@ class LiveJobs:
     jobs: dict[str, OwnedJob] = field(default_factory=dict)
     """Active jobs by job id, from every backend that answered."""
     errors: list[str] = field(default_factory=list)
+    """What each backend that could not answer said (for users who may read every DAG only)."""
+    failed: list[str] = field(default_factory=list)
+    """The names of those backends, in the same order (what everyone else is told)."""
     backends: list[str] = field(default_factory=list)
     usd_per_hour: dict[str, float] = field(default_factory=dict)
     """What each job bills per hour, where a price is known (as the reaper estimates it)."""
@@ -201,9 +204,11 @@ def read_live(backends: Sequence[Backend], timeout_s: float = LIVE_TIMEOUT_S) ->
             owned = future.result(timeout=max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
             out.errors.append(f"{backend.name}: no answer from list_owned within {timeout_s:g}s")
+            out.failed.append(backend.name)
             continue
         except Exception as err:
             out.errors.append(f"{backend.name}: could not list its jobs: {err}")
+            out.failed.append(backend.name)
             continue
         for job in owned:
             out.jobs[job.handle.job_id] = job
@@ -263,7 +268,7 @@ def _read(backends: Callable[[], Sequence[Backend]]) -> Snapshot:
     try:
         live = read_live(backends())
     except Exception as err:  # a bad ui_backends value: show the page, say why live state is missing
-        live = LiveJobs(errors=[f"[gpu_provider] ui_backends: {err}"])
+        live = LiveJobs(errors=[f"[gpu_provider] ui_backends: {err}"], failed=["[gpu_provider] ui_backends"])
     with create_session() as session:
         rows, truncated = read_task_rows(session, now - max(WINDOWS.values()) - timedelta(hours=1), cache=_records)
         pools = read_pools(session)
@@ -282,3 +287,24 @@ def permitted(rows: Sequence[TaskRow], dag_ids: Mapping[str, Any] | set[str] | N
     if dag_ids is None:
         return list(rows)
     return [r for r in rows if r.dag_id in dag_ids]
+
+
+def visible_live(jobs: Mapping[str, OwnedJob], dag_ids: Collection[str], every_dag: bool) -> dict[str, OwnedJob]:
+    """The live jobs a user may see: those of the DAGs they may read (``dag_ids``). A user who may read
+    every DAG (``every_dag``) sees all, also the jobs of DAGs Airflow does not know (``untracked``:
+    a deleted DAG, a job submitted outside Airflow with this provider's tags), which bill too."""
+    if every_dag:
+        return dict(jobs)
+    return {k: j for k, j in jobs.items() if j.task is not None and j.task.dag_id in dag_ids}
+
+
+def visible_errors(live: LiveJobs, every_dag: bool) -> list[str]:
+    """What a user is told about backends that could not list their jobs: the backends' own words to a
+    user who may read every DAG; to the others only which backend, since a service's error may name
+    other teams' roles, namespaces or jobs."""
+    if every_dag:
+        return list(live.errors)
+    return [
+        f"{name}: its live jobs could not be read (a user who may read every DAG sees the service's error)"
+        for name in live.failed
+    ]
