@@ -249,6 +249,8 @@ class Snapshot:
     live: LiveJobs
     read_at: float
     read_s: float
+    dag_ids: frozenset[str] = frozenset()
+    """Every DAG Airflow knows: a user allowed all of them may see what belongs to no known DAG."""
 
 
 _snapshot = _Cached(CACHE_S)
@@ -272,7 +274,16 @@ def _read(backends: Callable[[], Sequence[Backend]]) -> Snapshot:
     with create_session() as session:
         rows, truncated = read_task_rows(session, now - max(WINDOWS.values()) - timedelta(hours=1), cache=_records)
         pools = read_pools(session)
-    return Snapshot(rows, truncated, pools, live, now.timestamp(), time.monotonic() - began)
+        dag_ids = read_dag_ids(session)
+    return Snapshot(rows, truncated, pools, live, now.timestamp(), time.monotonic() - began, dag_ids)
+
+
+def read_dag_ids(session: Any) -> frozenset[str]:
+    """The ids of every DAG in Airflow's metadata database."""
+    from airflow.models.dag import DagModel
+    from sqlalchemy import select
+
+    return frozenset(session.scalars(select(DagModel.dag_id)))
 
 
 def clear_cache(*, records: bool = False) -> None:

@@ -36,7 +36,9 @@
     if (!response.ok) {
       let detail = response.statusText;
       try { detail = (await response.json()).detail || detail; } catch (e) { /* not JSON */ }
-      throw new Error(`${path}: HTTP ${response.status} ${detail}`);
+      const error = new Error(`${path}: HTTP ${response.status} ${detail}`);
+      error.status = response.status;
+      throw error;
     }
     return response.json();
   }
@@ -74,6 +76,13 @@
     let href = `../dags/${encodeURIComponent(row.dag_id)}/runs/${encodeURIComponent(row.run_id)}/tasks/${encodeURIComponent(row.task_id)}`;
     if (row.map_index >= 0) href += `/mapped/${row.map_index}`;
     return href;
+  }
+
+  function taskCell(row) {
+    // DAG, task and run in one cell (the run below, smaller): the tables fit Airflow's frame at 1280 px
+    const task = row.task_id === null || row.task_id === undefined ? "–" : row.task_id + (row.map_index >= 0 ? `[${row.map_index}]` : "");
+    return el("td", { class: "task" }, el("span", { class: "dag" }, row.dag_id || "(unknown DAG)"), " / ", task,
+      el("div", { class: "run muted" }, row.run_id || ""));
   }
 
   function links(row) {
@@ -118,26 +127,34 @@
 
   function renderRunning(data) {
     const rows = data.running.map((r) => el("tr", { "data-job": r.job_id },
-      el("td", null, r.dag_id), el("td", null, r.task_id + (r.map_index >= 0 ? `[${r.map_index}]` : "")), el("td", null, r.run_id),
-      teamCell(r.team), el("td", null, r.backend), el("td", null, el("span", { class: "tag" }, r.capacity)),
+      taskCell(r), teamCell(r.team), el("td", null, r.backend), el("td", null, el("span", { class: "tag" }, r.capacity)),
       el("td", null, r.state + (r.live ? "" : " (recorded)")),
       el("td", { class: "num" }, `${r.gpus_per_node} × ${r.nodes}`),
       el("td", { class: "num" }, r.running_for_s === null ? "queued" : duration(r.running_for_s)),
       el("td", { class: "num" }, money(r.cost_usd)), links(r)));
-    fill(document.querySelector("#running tbody"), rows, 11, "No GPU attempt is running.");
-    document.getElementById("running-count").textContent = `(${data.running.length})`;
+    // jobs no record of these DAGs knows (a deleted DAG, a worker that crashed before saving): they bill too
+    for (const u of data.untracked || []) {
+      rows.push(el("tr", { "data-job": u.job_id, class: "untracked" },
+        taskCell(u), teamCell(u.team), el("td", null, u.backend), el("td", null, el("span", { class: "tag" }, u.capacity)),
+        el("td", null, `${u.state} (untracked: no attempt record)`),
+        el("td", { class: "num" }, `${u.gpus} GPU(s), ${u.nodes} node(s)`),
+        el("td", { class: "num" }, u.running_for_s === null ? "queued" : duration(u.running_for_s)),
+        el("td", { class: "num" }, "–"), el("td", { class: "muted" }, u.job_name)));
+    }
+    fill(document.querySelector("#running tbody"), rows, 9, "No GPU attempt is running.");
+    const untracked = (data.untracked || []).length;
+    document.getElementById("running-count").textContent =
+      `(${data.running.length}${untracked ? `, and ${untracked} untracked job${untracked > 1 ? "s" : ""}` : ""})`;
   }
 
   function renderRecent(data) {
     const rows = data.attempts.map((r) => el("tr", { "data-job": r.job_id, "data-end": r.end },
-      el("td", { class: "num" }, when(r.ended_at)), el("td", null, r.dag_id),
-      el("td", null, r.task_id + (r.map_index >= 0 ? `[${r.map_index}]` : "")), el("td", null, r.run_id),
-      teamCell(r.team), el("td", { class: "num" }, r.attempt), el("td", null, r.backend),
-      el("td", null, el("span", { class: "tag" }, r.capacity)),
+      el("td", { class: "when" }, when(r.ended_at)), taskCell(r), teamCell(r.team),
+      el("td", { class: "attempt" }, `#${r.attempt} `, r.backend, " ", el("span", { class: "tag" }, r.capacity)),
       el("td", { class: `end end-${r.end}` }, r.end.replace("_", " ")),
       el("td", { class: "reason" }, r.reason || ""), el("td", { class: "num" }, hours(r.gpu_hours)),
       el("td", { class: "num" }, money(r.cost_usd)), links(r)));
-    fill(document.querySelector("#recent tbody"), rows, 13, "No attempt ended in the last 30 days.");
+    fill(document.querySelector("#recent tbody"), rows, 9, "No attempt ended in the last 30 days.");
     const last = Math.min(data.offset + data.limit, data.total);
     document.getElementById("recent-count").textContent = `(${data.total} in the last 30 days)`;
     document.getElementById("page").textContent = data.total ? `${data.offset + 1}–${last} of ${data.total}` : "";
@@ -150,16 +167,17 @@
     const width = Math.max(320, Math.round(box.width || 600)), height = Math.max(180, Math.round(box.height || 240));
     node.setAttribute("viewBox", `0 0 ${width} ${height}`);
     node.replaceChildren();
-    return { width, height, left: 44, right: 10, top: 10, bottom: 38 };
+    return { width, height, left: 58, right: 10, top: 10, bottom: 38 };
   }
 
-  function axes(node, f, maxY, format) {
+  function axes(node, f, yAxis) {
+    // the server's ticks and labels (distinct, with the decimals small amounts need)
     const plotH = f.height - f.top - f.bottom;
-    for (let i = 0; i <= 4; i++) {
-      const y = f.top + plotH - (plotH * i) / 4;
+    yAxis.ticks.forEach((value, i) => {
+      const y = f.top + plotH - (plotH * value) / yAxis.max;
       node.append(svg("line", { x1: f.left, x2: f.width - f.right, y1: y, y2: y, class: "axis" }));
-      node.append(svg("text", { x: f.left - 4, y: y + 4, "text-anchor": "end" }, format((maxY * i) / 4)));
-    }
+      node.append(svg("text", { x: f.left - 4, y: y + 4, "text-anchor": "end", class: "y-label" }, yAxis.labels[i]));
+    });
   }
 
   function legend(node, f, teams) {
@@ -172,31 +190,26 @@
     }
   }
 
-  function nice(max) {
-    if (max <= 0) return 1;
-    const exp = Math.pow(10, Math.floor(Math.log10(max)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (m * exp >= max) return m * exp;
-    return 10 * exp;
-  }
-
   function drawGpus(data) {
+    // a step chart of the exact GPU count per team, over the part of the window that has data
     const node = document.getElementById("chart-gpus");
     const f = frame(node);
-    const teams = Object.keys(data.teams);
-    const n = data.times.length;
-    const maxY = nice(Math.max(0, ...teams.flatMap((t) => data.teams[t])));
+    const teams = Object.keys(data.steps);
+    const t0 = Date.parse(data.span.start), t1 = Math.max(Date.parse(data.span.end), t0 + 1000);
     const plotW = f.width - f.left - f.right, plotH = f.height - f.top - f.bottom;
-    const x = (i) => f.left + (plotW * i) / n, y = (v) => f.top + plotH - (plotH * v) / maxY;
-    axes(node, f, maxY, (v) => (Number.isInteger(v) ? String(v) : String(Number(v.toFixed(2)))));
-    for (const i of [0, Math.floor(n / 2), n - 1]) {
-      const label = new Date(data.times[i]);
-      const text = state.window === "day" ? label.toISOString().slice(11, 16) : label.toISOString().slice(5, 10);
-      node.append(svg("text", { x: x(i), y: f.height - f.bottom + 14, "text-anchor": i ? (i === n - 1 ? "end" : "middle") : "start" }, text));
-    }
+    const x = (t) => f.left + (plotW * (t - t0)) / (t1 - t0), y = (v) => f.top + plotH - (plotH * v) / data.y_axis.max;
+    axes(node, f, data.y_axis);
+    const short = t1 - t0 <= 2 * 86400000;
+    [t0, (t0 + t1) / 2, t1].forEach((t, i) => {
+      const iso = new Date(t).toISOString();
+      const text = short ? iso.slice(11, 16) : iso.slice(5, 10) + " " + iso.slice(11, 16);
+      node.append(svg("text", { x: x(t), y: f.height - f.bottom + 14, "text-anchor": ["start", "middle", "end"][i], class: "x-label" }, text));
+    });
     for (const team of teams) {
-      const values = data.teams[team];
-      let d = `M ${x(0)} ${y(values[0])}`;
-      values.forEach((v, i) => { d += ` H ${x(i)} V ${y(v)} H ${x(i + 1)}`; });
+      const points = data.steps[team].map(([iso, v]) => [Date.parse(iso), v]);
+      let d = `M ${x(t0)} ${y(0)}`;
+      for (const [t, v] of points) d += ` H ${x(t)} V ${y(v)}`;
+      d += ` H ${x(t1)}`;
       node.append(svg("path", { d, fill: "none", stroke: color(team), "stroke-width": 2, class: "series", "data-team": team }));
     }
     if (!teams.length) node.append(svg("text", { x: f.width / 2, y: f.height / 2, "text-anchor": "middle" }, "no GPU time in this window"));
@@ -208,11 +221,10 @@
     const f = frame(node);
     const teams = Object.keys(data.teams);
     const n = data.days.length;
-    const totals = data.days.map((_, i) => teams.reduce((sum, t) => sum + data.teams[t][i], 0));
-    const maxY = nice(Math.max(0, ...totals));
+    const maxY = data.y_axis.max;
     const plotW = f.width - f.left - f.right, plotH = f.height - f.top - f.bottom;
     const slot = plotW / n, barW = Math.max(2, slot * 0.7);
-    axes(node, f, maxY, (v) => "$" + (v >= 10 ? Math.round(v) : v.toFixed(2)));
+    axes(node, f, data.y_axis);
     data.days.forEach((day, i) => {
       let base = f.top + plotH;
       for (const team of teams) {
@@ -242,22 +254,30 @@
     const w = state.window;
     try {
       const [summary, running, recent, gpus, cost] = await Promise.all([
-        get("api/summary"), get("api/running"), get(`api/attempts?offset=${state.offset}&limit=${PAGE}`),
+        // the team table needs read access to pools: without it the rest of the page still shows
+        get("api/summary").catch((err) => (err.status === 403 ? null : Promise.reject(err))),
+        get("api/running"), get(`api/attempts?offset=${state.offset}&limit=${PAGE}`),
         get(`api/gpus_in_use?window=${w}`), get("api/daily_cost?days=30"),
       ]);
-      summary.teams.forEach((t) => color(t.team));
-      renderTeams(summary);
+      const teamsSection = document.getElementById("teams-section");
+      teamsSection.hidden = summary === null;
+      document.getElementById("teams-refused").hidden = summary !== null;
+      if (summary) {
+        summary.teams.forEach((t) => color(t.team));
+        renderTeams(summary);
+      }
       renderRunning(running);
       renderRecent(recent);
       drawGpus(gpus);
       drawCost(cost);
-      const notes = summary.live_errors.map((e) => `Live state: ${e}`);
-      if (summary.truncated) notes.push(`Only the newest ${summary.max_task_rows} task instances are counted.`);
+      const meta = summary || running;
+      const notes = meta.live_errors.map((e) => `Live state: ${e}`);
+      if (meta.truncated) notes.push(`Only the newest ${meta.max_task_rows} task instances are counted.`);
       showErrors(notes);
-      document.getElementById("status").textContent = `updated ${when(summary.generated_at)}`;
+      document.getElementById("status").textContent = `updated ${when(meta.generated_at)}`;
       document.getElementById("footer").textContent =
-        `airflow-provider-gpu ${summary.version} · live state from: ${summary.live_backends.join(", ") || "none"} · ` +
-        "costs are estimates (see the provider's README, Spend control)";
+        `airflow-provider-gpu ${meta.version} · live state from: ${meta.live_backends.join(", ") || "none"} · ` +
+        "costs are estimates (see the provider's docs, Spend control)";
       document.body.dataset.loaded = "true";
     } catch (err) {
       showErrors([String(err.message || err)]);
