@@ -4,9 +4,13 @@ through its `airflow.plugins` entry point), GPU tasks that ran through Airflow o
 Chromium (Debian's `chromium` and `chromium-driver`) driven by selenium.
 
 It checks what a person sees (the GPU item in Airflow's navigation, the team figures, the running
-attempt, the preempted attempt with its reason, both charts drawn), that the page and its JSON
-refuse a caller who is not signed in exactly as Airflow's own API does, and saves the screenshot
-the README shows (docs/gpu-page.png).
+attempt, the preempted attempt with its reason, both charts drawn with distinct axis labels, the
+Recent attempts table fitting Airflow's frame at 1280 px), that the page and its JSON refuse a caller
+who is not signed in exactly as Airflow's own API does, that a user allowed one DAG and no pools
+sees that DAG only in every number and the page without the team table, that an administrator sees
+a job of a DAG Airflow does not know, that a killed attempt shows ``cancelled`` with its GPU time and
+cost (and the team's totals do not shrink), and saves the screenshot the README shows
+(docs/gpu-page.png).
 """
 
 from __future__ import annotations
@@ -38,6 +42,10 @@ REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT = os.environ.get("GPU_PAGE_SCREENSHOT")
 CHROMEDRIVER = "/usr/bin/chromedriver"
 PASSWORD = "gpu-page-test"
+#: a user who may read the DAG pretrain_vit only, and no pools (tests/integration/restricted_auth.py)
+ONE_DAG_USER = "vision"
+#: a backend of the page that cannot answer: its error names another team's connection
+OTHER_TEAMS_CONN = "kubernetes_nlp_team_cluster"
 #: the local backend's price per GPU-hour in this test, so that costs are not zero
 GPU_HOUR_USD = "2.5"
 
@@ -69,10 +77,10 @@ class ApiServer:
             body, status, kind = err.read(), err.code, err.headers.get("Content-Type", "")
         return status, (json.loads(body) if "json" in kind else body.decode()), kind
 
-    def token(self) -> str:
+    def token(self, username: str = "admin") -> str:
         request = urllib.request.Request(
             f"{self.url}/auth/token",
-            data=json.dumps({"username": "admin", "password": PASSWORD}).encode(),
+            data=json.dumps({"username": username, "password": PASSWORD}).encode(),
             headers={"Content-Type": "application/json"},
             method="POST",
         )
@@ -90,15 +98,24 @@ def _free_port() -> int:
 def api_server(home: Path, state_dir: Path, tmp: Path) -> Iterator[ApiServer]:
     """`airflow api-server` on the test session's metadata DB, with the simple auth manager and one user."""
     passwords = tmp / "passwords.json"
-    passwords.write_text(json.dumps({"admin": PASSWORD}))
+    passwords.write_text(json.dumps({"admin": PASSWORD, ONE_DAG_USER: PASSWORD}))
+    # importable by the server (its working folder is on its sys.path), not from the repository root
+    shutil.copyfile(Path(__file__).with_name("restricted_auth.py"), tmp / "restricted_auth.py")
     port = _free_port()
     env = dict(os.environ)
     env.update(
         {
             "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"admin:admin,{ONE_DAG_USER}:viewer",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-            "AIRFLOW__GPU_PROVIDER__UI_BACKENDS": json.dumps([{"name": "local", "state_dir": str(state_dir)}]),
+            "AIRFLOW__CORE__AUTH_MANAGER": "restricted_auth.RestrictedAuthManager",
+            "GPU_PAGE_TEST_RESTRICTED": json.dumps({ONE_DAG_USER: ["pretrain_vit"]}),
+            "AIRFLOW__GPU_PROVIDER__UI_BACKENDS": json.dumps(
+                [
+                    {"name": "local", "state_dir": str(state_dir)},
+                    {"name": "kubernetes", "kubernetes_conn_id": OTHER_TEAMS_CONN},
+                ]
+            ),
             "AIRFLOW__GPU_PROVIDER__LOCAL_GPU_HOUR_USD": GPU_HOUR_USD,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         }
@@ -215,7 +232,7 @@ def test_gpu_page_in_a_real_browser(harness: Harness, tmp_path: Path) -> None:
     # the API server starts while the tasks run; the long task first, so that its dag.test() registers
     # both DAGs (two children registering the same new DAGs at once collide in the dag table)
     with api_server(harness.home, harness.state_dir, tmp_path) as server:
-        harness.start(dags["pretrain_vit"], "pretrain_vit", extra_env=env)
+        pretrain, _, pretrain_log = harness.start(dags["pretrain_vit"], "pretrain_vit", extra_env=env)
         wait_for(lambda: [j for j in backend.list_owned() if j.handle.name.startswith("gp-pretrain")], 90, "the job")
         run = harness.run(dags["nightly_models"], "nightly_models", timeout=120, extra_env=env)
         assert run.result["state"] == "success", run.log[-3000:]
@@ -231,7 +248,10 @@ def test_gpu_page_in_a_real_browser(harness: Harness, tmp_path: Path) -> None:
         token = server.token()
         status, summary, _ = server.request("/gpu/api/summary", token)
         assert status == 200, summary
-        assert summary["live_errors"] == [] and summary["live_jobs"] >= 1, summary
+        # an administrator reads the backends' own errors (this one names another team's connection)
+        (error,) = summary["live_errors"]
+        assert error.startswith("kubernetes: ") and OTHER_TEAMS_CONN in error, summary
+        assert summary["live_jobs"] >= 1 and summary["all_dags"] is True, summary
         teams = {t["team"]: t for t in summary["teams"]}
         assert teams["orion"]["pool"] == "gpu_orion"
         assert teams["orion"]["slots_total"] == 16
@@ -253,6 +273,33 @@ def test_gpu_page_in_a_real_browser(harness: Harness, tmp_path: Path) -> None:
         assert mine["cost_usd"] > 0, mine  # 4 GPUs at $2.5 per GPU-hour for as long as it has run
         _, page1, _ = server.request("/gpu/api/attempts?limit=1", token)
         assert page1["limit"] == 1 and len(page1["attempts"]) == 1 and page1["total"] >= 3
+
+        # a job of a DAG Airflow does not know bills too: an administrator sees it as untracked
+        ghost = _ghost_job(backend)
+        wait_for(
+            lambda: ghost in {u["job_id"] for u in server.request("/gpu/api/running", token)[1]["untracked"]},
+            60,
+            "the untracked job on the administrator's page",
+        )
+        admin_meta = server.request("/gpu/api/attempts", token)[1]
+        assert admin_meta["live_jobs"] >= 2, admin_meta  # the running task's job and the untracked one
+
+        # a user allowed one DAG and no pools: that DAG only, in every number; no team table
+        one = server.token(ONE_DAG_USER)
+        assert server.request("/gpu/api/summary", one)[0] == 403
+        answers = {}
+        for path in ("running", "attempts", "gpus_in_use", "daily_cost"):
+            status, answers[path], _ = server.request(f"/gpu/api/{path}", one)
+            assert status == 200, answers[path]
+            assert answers[path]["live_jobs"] == 1, answers[path]  # pretrain_vit's job, not the others
+            assert answers[path]["all_dags"] is False
+            (told,) = answers[path]["live_errors"]
+            assert told.startswith("kubernetes: ") and OTHER_TEAMS_CONN not in told, told
+        assert {r["dag_id"] for r in answers["running"]["running"]} == {"pretrain_vit"}
+        assert answers["running"]["untracked"] == []
+        assert {a["dag_id"] for a in answers["attempts"]["attempts"]} <= {"pretrain_vit"}
+        assert set(answers["gpus_in_use"]["steps"]) == {"orion"}  # atlas ran in another DAG
+        assert set(answers["daily_cost"]["teams"]) == {"orion"}
 
         with chromium() as driver:
             from selenium.webdriver.common.by import By
@@ -290,9 +337,95 @@ def test_gpu_page_in_a_real_browser(harness: Harness, tmp_path: Path) -> None:
             assert {b.get_attribute("data-team") for b in bars} >= {"atlas", "orion"}
             assert all(float(b.get_attribute("height")) > 0 for b in bars)
 
+            for chart in ("chart-cost", "chart-gpus"):
+                labels = [t.text for t in driver.find_elements(By.CSS_SELECTOR, f"#{chart} text.y-label")]
+                assert len(labels) >= 2 and len(set(labels)) == len(labels), (chart, labels)
+            untracked = driver.find_elements(By.CSS_SELECTOR, "#running tbody tr.untracked")
+            assert any("ghost_dag" in r.text for r in untracked), [r.text for r in untracked]
+
+            x_labels = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#chart-gpus text.x-label")]
+            assert len(set(x_labels)) == 3, x_labels
+
+            # the picture leaves out the banner of this test's deliberately unreachable backend (checked above)
+            driver.execute_script("document.getElementById('errors').hidden = true")
             driver.switch_to.default_content()
             assert driver.save_screenshot(str(tmp_path / "gpu-page.png"))
             if SCREENSHOT:
                 target = REPO / SCREENSHOT
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(tmp_path / "gpu-page.png", target)
+
+            # inside Airflow's frame at 1280 px the Recent attempts table fits, its Links column included
+            driver.set_window_size(1280, 1300)
+            _open_page(driver, server.url)
+            fit = driver.execute_script(
+                "const t = document.querySelector('#recent'), links = t.querySelector('thead th:last-child');"
+                "return [document.documentElement.scrollWidth, document.documentElement.clientWidth,"
+                " t.getBoundingClientRect().right, links.getBoundingClientRect().right, window.innerWidth];"
+            )
+            assert fit[0] <= fit[1] and fit[2] <= fit[4] and fit[3] <= fit[4], fit
+
+            # the one-DAG user without pool access: the page without the team table, saying why
+            driver.switch_to.default_content()
+            driver.delete_cookie("_token")
+            driver.add_cookie({"name": "_token", "value": one, "path": "/"})
+            _open_page(driver, server.url)
+            assert not driver.find_element(By.ID, "teams-section").is_displayed()
+            assert "read access to Airflow's pools" in driver.find_element(By.ID, "teams-refused").text
+            errors = driver.find_element(By.ID, "errors").text
+            assert "HTTP 403" not in errors and OTHER_TEAMS_CONN not in errors, errors
+            rows = [r.text for r in driver.find_elements(By.CSS_SELECTOR, "#running tbody tr")]
+            assert len(rows) == 1 and "pretrain_vit" in rows[0], rows
+
+            # killed (as when marked failed in the UI): the attempt ends cancelled with its GPU time and cost,
+            # and the team's totals do not shrink
+            before = {t["team"]: t for t in server.request("/gpu/api/summary", token)[1]["teams"]}["orion"]
+            pretrain.send_signal(signal.SIGTERM)
+            pretrain.wait(timeout=60)
+
+            def cancelled() -> dict[str, Any] | None:
+                found = server.request("/gpu/api/attempts", token)[1]["attempts"]
+                return next((a for a in found if a["dag_id"] == "pretrain_vit" and a["end"] == "cancelled"), None)
+
+            ended = wait_for(cancelled, 60, "the killed attempt among the ended ones")
+            assert ended["gpu_hours"] > 0 and ended["cost_usd"] > 0, (ended, pretrain_log.read_text()[-2000:])
+            assert "was killed" in ended["reason"] and ended["started_at"], ended
+            after = {t["team"]: t for t in server.request("/gpu/api/summary", token)[1]["teams"]}["orion"]
+            assert after["gpu_hours"]["day"] >= before["gpu_hours"]["day"], (before, after)
+            assert after["cost_usd"]["day"] >= before["cost_usd"]["day"], (before, after)
+            driver.switch_to.default_content()
+            driver.delete_cookie("_token")
+            driver.add_cookie({"name": "_token", "value": token, "path": "/"})
+            _open_page(driver, server.url)
+            (row,) = [
+                r.text
+                for r in driver.find_elements(By.CSS_SELECTOR, "#recent tbody tr[data-end='cancelled']")
+                if "pretrain" in r.text
+            ]
+            assert "was killed" in row and "$" in row, row
+
+
+def _open_page(driver: Any, url: str) -> None:
+    """Airflow's page of the plugin, then into its frame, once the page has loaded its data."""
+    from selenium.webdriver.common.by import By
+
+    driver.get(f"{url}/plugin/gpu")
+    frame = wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "iframe"), 60, "the page's frame")[0]
+    driver.switch_to.frame(frame)
+    wait_for(lambda: driver.execute_script("return document.body.dataset.loaded") == "true", 60, "the page")
+
+
+def _ghost_job(backend: Any) -> str:
+    """A job with this provider's tags whose DAG Airflow does not know (its DAG file was deleted)."""
+    from gpu_provider import GpuResources, names
+    from gpu_provider.backends.base import JobIdentity, JobRequest, TaskKey
+
+    identity = JobIdentity(TaskKey("ghost_dag", "train", "manual__1"), 1, 1, names.ON_DEMAND, "atlas")
+    request = JobRequest(
+        identity=identity,
+        command=(sys.executable, "-c", "import time; time.sleep(600)"),
+        env={},
+        resources=GpuResources(gpus=1),
+        capacity=names.ON_DEMAND,
+    )
+    return str(backend.submit(request).job_id)

@@ -199,10 +199,11 @@
     const plotW = f.width - f.left - f.right, plotH = f.height - f.top - f.bottom;
     const x = (t) => f.left + (plotW * (t - t0)) / (t1 - t0), y = (v) => f.top + plotH - (plotH * v) / data.y_axis.max;
     axes(node, f, data.y_axis);
-    const short = t1 - t0 <= 2 * 86400000;
+    // times as precise as the span needs for the three labels to differ
+    const span = t1 - t0;
     [t0, (t0 + t1) / 2, t1].forEach((t, i) => {
       const iso = new Date(t).toISOString();
-      const text = short ? iso.slice(11, 16) : iso.slice(5, 10) + " " + iso.slice(11, 16);
+      const text = span <= 20 * 60000 ? iso.slice(11, 19) : span <= 2 * 86400000 ? iso.slice(11, 16) : iso.slice(5, 10) + " " + iso.slice(11, 16);
       node.append(svg("text", { x: x(t), y: f.height - f.bottom + 14, "text-anchor": ["start", "middle", "end"][i], class: "x-label" }, text));
     });
     for (const team of teams) {
