@@ -364,8 +364,9 @@ class Backend(ABC):
     capabilities: ClassVar[Capabilities] = Capabilities()
     #: the service's name in messages, e.g. ``"AWS Batch"``
     service: ClassVar[str] = ""
-    #: options that choose an executable or a place on disk: the operator refuses them as templates
-    #: (a template can take its value from the trigger form, which is untrusted input)
+    #: fixed options (who or what the job runs as, where its secrets come from, which account, endpoint or
+    #: folder): literal in the DAG file or from [gpu_provider], never from a template (a template can take
+    #: its value from the trigger form, which is untrusted input); checked at parse time and after rendering
     fixed_options: ClassVar[frozenset[str]] = frozenset()
     #: seconds between status checks unless the task or ``[gpu_provider] poll_interval`` says otherwise
     default_poll_interval: ClassVar[float] = 30.0

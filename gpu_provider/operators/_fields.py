@@ -88,7 +88,7 @@ def any_templated(value: Any) -> bool:
 
 
 def check_fixed_options(backend: Any) -> None:
-    """Refuse a template for an option that picks an executable or a place on disk.
+    """Refuse a template for a fixed option (``Backend.fixed_options``) at parse time.
 
     A template can read the trigger form's params, which anyone allowed to trigger the DAG fills in:
     such options must be literals or come from the ``[gpu_provider]`` config.
@@ -99,8 +99,9 @@ def check_fixed_options(backend: Any) -> None:
     for key, value in backend.items():
         if key in fixed and _has_template(value):
             raise ValueError(
-                f"backend option {key!r} of the {backend['name']!r} backend cannot be a template: it chooses an "
-                "executable or a place on disk, and templates can take trigger-form params (untrusted input). "
+                f"backend option {key!r} of the {backend['name']!r} backend cannot be a template: it is a fixed "
+                "option (it chooses who or what the job runs as, where its secrets come from, which account, "
+                "endpoint or folder it uses), and templates can take trigger-form params (untrusted input). "
                 "Give a literal value, or set it in the [gpu_provider] config."
             )
 

@@ -157,3 +157,17 @@ def test_trigger_form_params_cannot_choose_run_as_user(
     assert "backend option 'run_as_user' of the 'local' backend came from a template" in run.log
     assert not marker.exists(), "the job ran"
     assert not list(Path(harness.state_dir).glob("jobs/*")), "a job was submitted"
+
+
+@pytest.mark.parametrize(("name", "option"), CASES)
+def test_a_fixed_option_written_as_a_template_is_refused_at_parse_time(name: str, option: str) -> None:
+    value = VALUES[name][option]
+    templated: Any = (
+        ["{{ params.x }}"]
+        if isinstance(value, list)
+        else {"X": "{{ params.x }}"}
+        if isinstance(value, dict)
+        else "{{ params.x }}"
+    )
+    with pytest.raises(ValueError, match=f"backend option '{option}' of the '{name}' backend cannot be a template"):
+        GpuJobOperator(task_id="job", command=["true"], image="img:1", backend={"name": name, option: templated})
