@@ -863,6 +863,9 @@ class LocalBackend(Backend):
                     nodes=int(resources.get("nodes") or 1),
                     gpus=float(resources.get("gpus") or 0.0),
                     max_runtime_s=req.get("max_runtime_s"),
+                    # the supervisor counts max_runtime from the job's start; a job waiting for GPUs has no limit
+                    max_wait_s=None,
+                    training_seconds=None,
                 )
             )
         return sorted(owned, key=lambda o: (o.handle.submitted_at, o.handle.job_id))
