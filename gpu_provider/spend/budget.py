@@ -18,7 +18,9 @@ Team monthly budgets (``[gpu_provider] team_monthly_budget_usd``, JSON ``{"team"
 in both) are summed over the attempts of the team's tasks that ended in the calendar month (UTC), kept in the
 Airflow Variable ``gpu_provider_spend_<YYYY-MM>`` (JSON ``{"team": USD}``, updated as each attempt
 ends). A submit is refused when that sum plus the submit's worst case (only what is bounded: an
-attempt without a max runtime adds nothing) passes the budget.
+attempt without a max runtime adds nothing) passes the budget. When that Variable cannot be read,
+every submit warns and goes ahead as if nothing was spent, or, with ``[gpu_provider]
+budget_fail_closed = True``, is refused.
 """
 
 from __future__ import annotations
