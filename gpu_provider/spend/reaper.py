@@ -149,7 +149,10 @@ class AirflowApi:
         :raises AirflowApiError: naming what was answered instead
         """
         url = self.base_url + "/api/v2/version"
-        request = urllib.request.Request(url, method="GET", headers={"Accept": "application/json"})
+        headers = {"Accept": "application/json"}
+        if self._token:  # a ready token goes along (a proxy may want one even where Airflow does not)
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(url, method="GET", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 body, content_type = response.read(65536), response.headers.get("Content-Type")
