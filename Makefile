@@ -8,7 +8,7 @@ BACKEND ?= local
 PYVER  := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 CONSTRAINTS := constraints/py$(PYVER).txt
 
-.PHONY: setup demo test test-lowest lint format bench constraints constraints-lowest clean
+.PHONY: setup demo test test-lowest lint docs format bench constraints constraints-lowest clean
 
 $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	@test -f $(CONSTRAINTS) || { echo "No pinned dependency set for Python '$(PYVER)' ($(PYTHON)). Supported: $(patsubst constraints/py%.txt,%,$(wildcard constraints/py*.txt)). Use e.g. 'make demo PYTHON=python3.11'."; exit 1; }
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	@$(BIN)/python -m pip install --disable-pip-version-check --upgrade 'pip>=24' > $(VENV)/install.log 2>&1 \
 	  && $(BIN)/python -m pip install --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev]' >> $(VENV)/install.log 2>&1 \
 	  || { tail -40 $(VENV)/install.log; echo "install failed: see $(VENV)/install.log"; exit 1; }
-	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest"
+	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest, sphinx, myst_parser"
 	@touch $(STAMP)
 
 ## Only the set-up the other targets do first: .venv with the pinned dependencies.
@@ -47,6 +47,13 @@ lint: $(STAMP)
 	@$(BIN)/ruff format --check .
 	@$(BIN)/mypy
 
+## The documentation site (docs/, Sphinx + MyST): warnings are errors, every cross-reference, internal link
+## and anchor must resolve, external links must be well-formed (checked offline, nothing fetched).
+## Output: docs/_build/html.
+docs: $(STAMP)
+	@$(BIN)/python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "docs built: docs/_build/html/index.html"
+
 format: $(STAMP)
 	@$(BIN)/ruff format .
 	@$(BIN)/ruff check --fix .
@@ -70,4 +77,4 @@ constraints-lowest:
 	@$(PYTHON) scripts/lowest_deps.py pin
 
 clean:
-	rm -rf $(VENV) .venv-lowest .demo build *.egg-info
+	rm -rf $(VENV) .venv-lowest .demo build *.egg-info docs/_build
