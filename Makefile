@@ -29,7 +29,7 @@ demo: $(STAMP)
 	@$(BIN)/python scripts/demo.py --backend $(BACKEND) $(if $(CLUSTER),--cluster)
 
 ## Run the whole test suite, in parallel: most tests wait on processes and polls, not on the CPU, so
-## more workers than cores pays (measured on 2 cores: see README, Development). TEST_WORKERS=0: serial.
+## more workers than cores pays (measured on 2 cores: see docs/development.md). TEST_WORKERS=0: serial.
 TEST_WORKERS ?= 6
 test: $(STAMP)
 	@$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
@@ -49,9 +49,10 @@ lint: $(STAMP)
 
 ## The documentation site (docs/, Sphinx + MyST): warnings are errors, every cross-reference, internal link
 ## and anchor must resolve, external links must be well-formed (checked offline, nothing fetched).
+## -E: a fresh environment each time, since the generated reference reads the code, which Sphinx does not track.
 ## Output: docs/_build/html.
 docs: $(STAMP)
-	@$(BIN)/python -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+	@$(BIN)/python -m sphinx -E -W --keep-going -n -q -b html docs docs/_build/html
 	@echo "docs built: docs/_build/html/index.html"
 
 format: $(STAMP)

@@ -5,6 +5,8 @@
   disappears.
 * ``{gpu-cli-reference}``: every ``gpu-provider`` command's ``--help``, from the argparse parser of
   ``gpu_provider/cli.py`` (and the checker's own parser), so the reference is what the command says.
+* ``{gpu-known-limits-index}``: a list of every page with a "Known limits" heading (found in the page
+  sources at build time), so a page that adds one is listed without editing the known-limits page.
 * Offline link check: every external link must be a well-formed ``http(s)://host/...`` URL (nothing is
   fetched: CI has no network). Internal links and anchors are checked by Sphinx and MyST themselves
   (``nitpicky``, ``myst_heading_anchors``) and fail the build under ``-W``.
@@ -129,6 +131,58 @@ class CliReference(Directive):
         return out
 
 
+#: a Markdown heading that opens a page's known limits ("## Known limits", "### Known limits of ...")
+_KNOWN_LIMITS = re.compile(r"^#{1,6}\s+Known limits\b.*$", re.M)
+_TITLE = re.compile(r"^#\s+(.+)$", re.M)
+_FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+
+
+def pages_with_known_limits(srcdir: str, exclude: str) -> list[tuple[str, str, str]]:
+    """``(docname, page title, heading text)`` of every page (but ``exclude``) with a "Known limits" heading."""
+    from pathlib import Path
+
+    found = []
+    root = Path(srcdir)
+    for path in sorted(root.rglob("*.md")):
+        rel = path.relative_to(root)
+        if rel.parts[0].startswith("_"):
+            continue
+        docname = rel.with_suffix("").as_posix()
+        if docname == exclude:
+            continue
+        text = _FENCE.sub("", path.read_text(encoding="utf-8"))
+        heading = _KNOWN_LIMITS.search(text)
+        title = _TITLE.search(text)
+        if heading:
+            found.append((docname, title.group(1).strip() if title else docname, heading.group(0).lstrip("#").strip()))
+    return found
+
+
+class KnownLimitsIndex(Directive):
+    """Links to the "Known limits" sections of the other pages."""
+
+    has_content = False
+
+    def run(self) -> list[nodes.Node]:
+        from sphinx import addnodes
+
+        env = self.state.document.settings.env
+        items = nodes.bullet_list()
+        for docname, title, heading in pages_with_known_limits(env.srcdir, env.docname):
+            env.note_dependency(str(env.doc2path(docname)))
+            para = nodes.paragraph()
+            ref = addnodes.pending_xref(
+                "", refdomain="std", reftype="doc", reftarget="/" + docname, refexplicit=True, refwarn=True
+            )
+            ref += nodes.inline(text=title)
+            para += ref
+            para += nodes.Text(f" ({heading})")
+            items += nodes.list_item("", para)
+        if not len(items):
+            return [nodes.paragraph(text="No other page has a known-limits section.")]
+        return [items]
+
+
 #: what a well-formed external link looks like: a scheme we link to and a host name with a dot
 _HOST = re.compile(r"^[A-Za-z0-9.-]+\.[A-Za-z]{2,}(:\d+)?$|^localhost(:\d+)?$")
 
@@ -160,5 +214,6 @@ def check_external_links(app: Sphinx, doctree: nodes.document, docname: str) -> 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("gpu-config-options", ConfigOptions)
     app.add_directive("gpu-cli-reference", CliReference)
+    app.add_directive("gpu-known-limits-index", KnownLimitsIndex)
     app.connect("doctree-resolved", check_external_links)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
