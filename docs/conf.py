@@ -13,7 +13,7 @@ from gpu_provider import __version__  # noqa: E402
 
 project = "airflow-provider-gpu"
 author = "airflow-provider-gpu developers"
-copyright = "airflow-provider-gpu developers, Apache-2.0"  # noqa: A001 (Sphinx's name)
+copyright = "airflow-provider-gpu developers, Apache-2.0"
 version = release = __version__
 
 extensions = [
