@@ -1,4 +1,4 @@
-"""Each backend's capabilities are declared once: the docs' table (docs/how-to/write-a-gpu-task.md) must say the same."""
+"""Each backend's capabilities are declared once: the table of docs/how-to/write-a-gpu-task.md must agree."""
 
 from __future__ import annotations
 
