@@ -75,8 +75,9 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "poll_interval": {
                         "description": "Seconds between job status checks when the task does not set poll_interval. "
-                        "Empty: each backend's own default (local: 2, cloud backends: 30). Deferred "
-                        "tasks of one backend share one batched status call per interval.",
+                        "Empty: each backend's own default (local: 2, batch: 30, sagemaker: 30, kubernetes: "
+                        "5). Deferred tasks of one backend configuration with the same poll interval share one "
+                        "batched status call per interval.",
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "15",

@@ -15,7 +15,7 @@ What the job sees (besides its own ``env=`` and the ``GPU_PROVIDER_*`` contract)
   ``HOME``, locale, ``TZ``, ``TMPDIR``, ``USER``, ``LOGNAME``, ``PYTHONPATH``): never Airflow
   connections or cloud credentials.
 
-Isolation (the README's "The local backend" states it for users): the job's environment values are
+Isolation (docs/how-to/local.md states it for users): the job's environment values are
 never written to disk (``request.json`` names the variables only; the supervisor gets the values on
 its stdin and keeps them in memory). Every node runs in its own session and process group. State
 folders are 0700 and files 0600. Without ``run_as_user`` a job runs as the worker's user and can

@@ -88,7 +88,7 @@ class SpendLedger:
     """The month's spend per team, in an Airflow Variable (through the Task SDK: no metadata DB access).
 
     Read-modify-write without a lock: two attempts ending in the same instant may lose one update,
-    so the sum can run a little low under heavy concurrency (documented in the README).
+    so the sum can run a little low under heavy concurrency (documented in docs/explanations/known-limits.md).
     """
 
     def __init__(self, month: str | None = None) -> None:

@@ -6,7 +6,7 @@ Chromium (Debian's `chromium` and `chromium-driver`) driven by selenium.
 It checks what a person sees (the GPU item in Airflow's navigation, the team figures, the running
 attempt, the preempted attempt with its reason, both charts drawn), that the page and its JSON
 refuse a caller who is not signed in exactly as Airflow's own API does, and saves the screenshot
-the README shows (docs/gpu-page.png).
+the docs show (docs/gpu-page.png, in docs/how-to/gpu-page-in-the-ui.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tests.harness import Harness, wait_for
 from tests.system_packages import ensure
 
 REPO = Path(__file__).resolve().parents[2]
-#: where the screenshot goes besides the test's temporary folder: the README's picture is made with
+#: where the screenshot goes besides the test's temporary folder: the docs' picture is made with
 #: GPU_PAGE_SCREENSHOT=docs/gpu-page.png (a plain `make test` leaves the repository alone)
 SCREENSHOT = os.environ.get("GPU_PAGE_SCREENSHOT")
 CHROMEDRIVER = "/usr/bin/chromedriver"

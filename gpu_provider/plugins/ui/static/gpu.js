@@ -257,7 +257,7 @@
       document.getElementById("status").textContent = `updated ${when(summary.generated_at)}`;
       document.getElementById("footer").textContent =
         `airflow-provider-gpu ${summary.version} · live state from: ${summary.live_backends.join(", ") || "none"} · ` +
-        "costs are estimates (see the provider's README, Spend control)";
+        "costs are estimates (see the provider's docs: how-to, Spend control)";
       document.body.dataset.loaded = "true";
     } catch (err) {
       showErrors([String(err.message || err)]);
