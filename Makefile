@@ -8,7 +8,7 @@ BACKEND ?= local
 PYVER  := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 CONSTRAINTS := constraints/py$(PYVER).txt
 
-.PHONY: setup demo test test-lowest lint format bench constraints constraints-lowest clean
+.PHONY: setup demo test test-lowest lint docs format bench constraints constraints-lowest clean
 
 $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	@test -f $(CONSTRAINTS) || { echo "No pinned dependency set for Python '$(PYVER)' ($(PYTHON)). Supported: $(patsubst constraints/py%.txt,%,$(wildcard constraints/py*.txt)). Use e.g. 'make demo PYTHON=python3.11'."; exit 1; }
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml $(wildcard constraints/*.txt)
 	@$(BIN)/python -m pip install --disable-pip-version-check --upgrade 'pip>=24' > $(VENV)/install.log 2>&1 \
 	  && $(BIN)/python -m pip install --disable-pip-version-check -c $(CONSTRAINTS) -e '.[dev]' >> $(VENV)/install.log 2>&1 \
 	  || { tail -40 $(VENV)/install.log; echo "install failed: see $(VENV)/install.log"; exit 1; }
-	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest"
+	@$(BIN)/python -c "import gpu_provider, airflow, numpy, moto, pytest, sphinx, myst_parser"
 	@touch $(STAMP)
 
 ## Only the set-up the other targets do first: .venv with the pinned dependencies.
@@ -29,7 +29,7 @@ demo: $(STAMP)
 	@$(BIN)/python scripts/demo.py --backend $(BACKEND) $(if $(CLUSTER),--cluster)
 
 ## Run the whole test suite, in parallel: most tests wait on processes and polls, not on the CPU, so
-## more workers than cores pays (measured on 2 cores: see README, Development). TEST_WORKERS=0: serial.
+## more workers than cores pays (measured on 2 cores: see docs/development.md). TEST_WORKERS=0: serial.
 TEST_WORKERS ?= 6
 test: $(STAMP)
 	@$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
@@ -46,6 +46,14 @@ lint: $(STAMP)
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 	@$(BIN)/mypy
+
+## The documentation site (docs/, Sphinx + MyST): warnings are errors, every cross-reference, internal link
+## and anchor must resolve, external links must be well-formed (checked offline, nothing fetched).
+## -E: a fresh environment each time, since the generated reference reads the code, which Sphinx does not track.
+## Output: docs/_build/html.
+docs: $(STAMP)
+	@$(BIN)/python -m sphinx -E -W --keep-going -n -q -b html docs docs/_build/html
+	@echo "docs built: docs/_build/html/index.html"
 
 format: $(STAMP)
 	@$(BIN)/ruff format .
@@ -70,4 +78,4 @@ constraints-lowest:
 	@$(PYTHON) scripts/lowest_deps.py pin
 
 clean:
-	rm -rf $(VENV) .venv-lowest .demo build *.egg-info
+	rm -rf $(VENV) .venv-lowest .demo build *.egg-info docs/_build

@@ -1,10 +1,12 @@
 """The GPU reaper: every 15 minutes, stop GPU jobs this provider started that no live task waits for.
 
 A job keeps billing when its task is gone: the task was marked failed while deferred before a
-triggerer picked it up, its worker was killed with no retries left, its DAG run was deleted, or it
-ran past its max runtime. ``GpuReaperOperator`` lists the jobs the provider tagged on every
-configured backend (``[gpu_provider] reaper_backends``), asks Airflow's REST API (connection
-``airflow_api``) about each owning task instance, and stops those with no live owner.
+triggerer picked it up, its worker was killed with no retries left, its DAG run was deleted, or
+no task can be asked about it and it ran past its service's own limit. ``GpuReaperOperator``
+lists the jobs the provider tagged on every configured backend (``[gpu_provider] reaper_backends``;
+unset: every backend whose extra is installed, the others named in the log), checks that connection
+``airflow_api`` is Airflow 3's REST API, asks it about each owning task instance, and stops those
+with no live owner, only on Airflow's own answer (docs/explanations/reaper.md).
 
 It only reports until you set ``[gpu_provider] reaper_dry_run = False`` (read each run: the
 report in the task log and in XCom lists what it would stop and what that costs per hour).

@@ -75,8 +75,9 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "poll_interval": {
                         "description": "Seconds between job status checks when the task does not set poll_interval. "
-                        "Empty: each backend's own default (local: 2, cloud backends: 30). Deferred "
-                        "tasks of one backend share one batched status call per interval.",
+                        "Empty: each backend's own default (local: 2, batch: 30, sagemaker: 30, kubernetes: "
+                        "5). Deferred tasks of one backend configuration with the same poll interval share one "
+                        "batched status call per interval.",
                         "version_added": "0.1.0",
                         "type": "string",
                         "example": "15",
@@ -457,9 +458,20 @@ def get_provider_info() -> dict[str, Any]:
                         "example": '{"vision": 5000, "nlp": 20000}',
                         "default": "",
                     },
+                    "budget_fail_closed": {
+                        "description": "What a team budget check does when the team's spend this month cannot be "
+                        "read (the Airflow Variable gpu_provider_spend_<YYYY-MM> unreadable or not a JSON object of "
+                        "team to USD). False: warn in the task log every time and submit as if nothing was spent. "
+                        "True: refuse the submit with an error that says why.",
+                        "version_added": "0.4.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    },
                     "reaper_backends": {
                         "description": "The backends GpuReaperOperator sweeps, as a JSON list of names or "
-                        "backend mappings. Empty: every registered backend with its configured options.",
+                        "backend mappings. Empty: every registered backend whose extra is installed, with its "
+                        "configured options (each pass logs the backends it skipped and why).",
                         "version_added": "0.4.0",
                         "type": "string",
                         "example": '["local", {"name": "batch", "region_name": "us-west-2"}]',

@@ -6,8 +6,9 @@
           Airflow's own constraints files live on GitHub, which this project's CI cannot reach, so this
           recorded resolution stands in for "Airflow's constraints for the lowest supported version".
 ``check`` in a fresh virtualenv (``.venv-lowest``), install the built wheel with those constraints and
-          smoke-test it: the base install runs a one-task local DAG with ``airflow dags test`` and refuses
-          ``backend="batch"`` naming the missing extra; then ``[all]`` builds a Batch client through the
+          smoke-test it: the base install runs a one-task local DAG with ``airflow dags test``, refuses
+          ``backend="batch"`` naming the missing extra and parses the shipped reaper DAG (``dags/gpu_reaper.py``,
+          sweeping the local backend, skipping the others); then ``[all]`` builds a Batch client through the
           amazon provider's hook and imports every operator, sensor and trigger.
 
 Run through ``make constraints-lowest`` and ``make test-lowest`` (CI: ``.ci/run``). Needs the package index.
@@ -49,6 +50,16 @@ with DAG("lowest_smoke", start_date=datetime(2026, 1, 1), schedule=None):
         backend="local",
         poll_interval=0.5,
     )
+"""
+
+#: parse the shipped reaper DAG on the base install: it must sweep the local backend and skip the others
+REAPER_PARSE = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("gpu_reaper", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+op = module.dag.get_task("reap")
+print(json.dumps({"backends": [b.name for b in op.backends], "skipped": op.skipped_backends}))
 """
 
 ALL_EXTRA = """
@@ -164,6 +175,25 @@ def check() -> None:
         if refused.returncode == 0 or "airflow-provider-gpu[batch]" not in refused.stderr:
             raise SystemExit(f"base install: backend='batch' was not refused naming the extra:\n{refused.stderr}")
         print("base install refuses the batch backend:", refused.stderr.strip().splitlines()[-1])
+        shutil.copy(REPO / "dags" / "gpu_reaper.py", home / "dags" / "gpu_reaper.py")
+        parsed = subprocess.run(
+            [str(python), "-c", REAPER_PARSE, str(home / "dags" / "gpu_reaper.py")],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if parsed.returncode != 0:
+            raise SystemExit(f"base install: dags/gpu_reaper.py does not parse:\n{parsed.stderr[-4000:]}")
+        reaper = json.loads(parsed.stdout.strip().splitlines()[-1])
+        if reaper["backends"] != ["local"] or not {"batch", "sagemaker", "kubernetes"} <= set(reaper["skipped"]):
+            raise SystemExit(f"base install: the reaper DAG should sweep local only and skip the others: {reaper}")
+        print(
+            "base install: dags/gpu_reaper.py parses, sweeping",
+            reaper["backends"],
+            "skipping",
+            sorted(reaper["skipped"]),
+        )
         run([str(python), "-m", "airflow", "db", "migrate"], cwd=tmp, env=env, capture_output=True)
         test = subprocess.run(
             [str(python), "-m", "airflow", "dags", "test", "lowest_smoke"],

@@ -324,6 +324,13 @@ class OwnedJob:
     """The run time limit submitted with the job, where the service records it."""
     region: str | None = None
     """The AWS region the job runs in (for its price); ``None`` for a backend outside AWS (local)."""
+    max_wait_s: float | None = None
+    """A wall-clock limit counted from submission, waiting for capacity included, where the service
+    enforces one besides ``max_runtime_s`` (SageMaker managed spot: ``MaxWaitTimeInSeconds``)."""
+    training_seconds: float | None = None
+    """The run time the service counts against ``max_runtime_s`` so far, where it counts something
+    other than the time since ``started_at`` (SageMaker: time spent training, without waits for
+    capacity and restarts); ``None``: the time since ``started_at``."""
 
     @property
     def total_gpus(self) -> float:

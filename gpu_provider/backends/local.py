@@ -15,7 +15,7 @@ What the job sees (besides its own ``env=`` and the ``GPU_PROVIDER_*`` contract)
   ``HOME``, locale, ``TZ``, ``TMPDIR``, ``USER``, ``LOGNAME``, ``PYTHONPATH``): never Airflow
   connections or cloud credentials.
 
-Isolation (the README's "The local backend" states it for users): the job's environment values are
+Isolation (docs/how-to/local.md states it for users): the job's environment values are
 never written to disk (``request.json`` names the variables only; the supervisor gets the values on
 its stdin and keeps them in memory). Every node runs in its own session and process group. State
 folders are 0700 and files 0600. Without ``run_as_user`` a job runs as the worker's user and can
@@ -866,6 +866,9 @@ class LocalBackend(Backend):
                     nodes=int(resources.get("nodes") or 1),
                     gpus=float(resources.get("gpus") or 0.0),
                     max_runtime_s=req.get("max_runtime_s"),
+                    # the supervisor counts max_runtime from the job's start; a job waiting for GPUs has no limit
+                    max_wait_s=None,
+                    training_seconds=None,
                 )
             )
         return sorted(owned, key=lambda o: (o.handle.submitted_at, o.handle.job_id))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from gpu_provider.backends.base import Backend, provider_config, registered_backends, resolve_backend
+from gpu_provider.extras import BACKEND_EXTRAS, MissingExtraError, missing_modules
 from gpu_provider.job import to_bool, to_seconds
 
 if TYPE_CHECKING:
@@ -24,11 +25,33 @@ if TYPE_CHECKING:
 DEFAULT_AIRFLOW_CONN_ID = "airflow_api"
 
 
-def _backend_list(value: Any) -> list[Any]:
+def _installed_backends() -> tuple[list[Backend], dict[str, str]]:
+    """Every registered backend that can be built here, and why each of the others was skipped.
+
+    The default when no backends are named: a base install (no service extras) sweeps the local
+    backend and says which backends it skipped, instead of failing the DAG's parse.
+    """
+    found: list[Backend] = []
+    skipped: dict[str, str] = {}
+    for name in registered_backends():
+        extra = BACKEND_EXTRAS.get(name)
+        missing = missing_modules(extra) if extra else []
+        if missing:
+            skipped[name] = f"its extra [{extra}] is not installed (missing: {', '.join(missing)})"
+            continue
+        try:
+            found.append(resolve_backend(name))
+        except MissingExtraError as err:
+            skipped[name] = str(err)
+    return found, skipped
+
+
+def _backend_list(value: Any) -> list[Any] | None:
+    """The backends named by ``value`` or ``[gpu_provider] reaper_backends``; ``None``: none named."""
     if value is None or value == "":
         text = provider_config("reaper_backends")
         if not text:
-            return list(registered_backends())
+            return None
         value = text
     if isinstance(value, str):
         try:
@@ -45,7 +68,7 @@ class GpuReaperOperator(BaseOperator):
 
     :param backends: the backends to sweep: backend objects, names or mappings as ``backend=`` takes
         them (default: ``[gpu_provider] reaper_backends``, a JSON list, else every registered backend
-        with its configured options).
+        whose extra is installed, with its configured options; each pass logs the ones skipped and why).
     :param airflow_conn_id: the Airflow connection of Airflow's own REST API (host, port, and a user
         and password exchanged for a token, or ``extra={"token": ...}``); default
         ``[gpu_provider] reaper_airflow_conn_id``, else ``airflow_api``.
@@ -53,6 +76,9 @@ class GpuReaperOperator(BaseOperator):
         reaper_dry_run``, else ``True``: a first install only reports until you turn it off).
     :param grace_period: a job submitted less than this long ago is never stopped (timedelta or
         seconds; default ``[gpu_provider] reaper_grace_period``, else 600 s).
+
+    The task fails when Airflow's API cannot be confirmed as Airflow 3's (or gives no token): that
+    pass stops nothing. Errors about single jobs are logged and returned in the report's ``errors``.
     """
 
     ui_color = "#f0d6c9"
@@ -68,7 +94,13 @@ class GpuReaperOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.backends = [resolve_backend(b) for b in _backend_list(backends)]
+        named = _backend_list(backends)
+        #: registered backends left out of the default sweep, and why (logged by each pass)
+        self.skipped_backends: dict[str, str] = {}
+        if named is None:
+            self.backends, self.skipped_backends = _installed_backends()
+        else:
+            self.backends = [resolve_backend(b) for b in named]
         conn_id = airflow_conn_id or provider_config("reaper_airflow_conn_id") or DEFAULT_AIRFLOW_CONN_ID
         if not isinstance(conn_id, str):
             raise TypeError(f"airflow_conn_id={airflow_conn_id!r} must be a connection id (a string)")
@@ -85,8 +117,10 @@ class GpuReaperOperator(BaseOperator):
         self.grace_period_s = DEFAULT_GRACE_PERIOD_S if seconds is None else seconds
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from gpu_provider.spend.reaper import AirflowApi, reap
+        from gpu_provider.spend.reaper import AirflowApi, AirflowApiError, reap
 
+        for name, why in sorted(self.skipped_backends.items()):
+            self.log.warning("Not sweeping the %s backend: %s.", name, why)
         api = AirflowApi.from_connection(self.airflow_conn_id)
         report = reap(self.backends, api, dry_run=self.report_only, grace_period_s=self.grace_period_s)
         verb = "Would stop" if self.report_only else "Stopped"
@@ -110,4 +144,10 @@ class GpuReaperOperator(BaseOperator):
             len(report.errors),
             "Nothing was stopped (dry_run=True)." if self.report_only else "",
         )
+        if report.api_error is not None:
+            # the pass could not tell a live owner from a deleted one: fail, so a misconfigured reaper is seen
+            raise AirflowApiError(
+                f"The reaper stopped nothing: {report.api_error}. Fix connection {self.airflow_conn_id!r} "
+                "(Airflow 3's API server: scheme, host, port and any path prefix, and a user that can get a token)."
+            )
         return report.to_dict()

@@ -18,7 +18,9 @@ Team monthly budgets (``[gpu_provider] team_monthly_budget_usd``, JSON ``{"team"
 in both) are summed over the attempts of the team's tasks that ended in the calendar month (UTC), kept in the
 Airflow Variable ``gpu_provider_spend_<YYYY-MM>`` (JSON ``{"team": USD}``, updated as each attempt
 ends). A submit is refused when that sum plus the submit's worst case (only what is bounded: an
-attempt without a max runtime adds nothing) passes the budget.
+attempt without a max runtime adds nothing) passes the budget. When that Variable cannot be read,
+every submit warns and goes ahead as if nothing was spent, or, with ``[gpu_provider]
+budget_fail_closed = True``, is refused.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from gpu_provider.backends.base import Backend, JobStatus
-from gpu_provider.exceptions import GpuJobBudgetError
+from gpu_provider.exceptions import GpuJobBudgetError, GpuJobError
 from gpu_provider.job import GpuResources
 from gpu_provider.spend.prices import Price, PriceBook, PriceNotFoundError, attempt_cost
 
@@ -78,30 +80,49 @@ def month_key(ts: float | None = None) -> str:
     return datetime.fromtimestamp(ts if ts is not None else time.time(), tz=timezone.utc).strftime("%Y-%m")
 
 
+class SpendLedgerError(GpuJobError):
+    """The month's spend per team could not be read (see :meth:`SpendLedger.read`)."""
+
+
 class SpendLedger:
     """The month's spend per team, in an Airflow Variable (through the Task SDK: no metadata DB access).
 
     Read-modify-write without a lock: two attempts ending in the same instant may lose one update,
-    so the sum can run a little low under heavy concurrency (documented in the README).
+    so the sum can run a little low under heavy concurrency (documented in docs/explanations/known-limits.md).
     """
 
     def __init__(self, month: str | None = None) -> None:
         self.key = SPEND_VARIABLE_PREFIX + (month or month_key())
 
     def read(self) -> dict[str, float]:
+        """The month's spend per team; ``{}`` when nothing was recorded yet.
+
+        :raises SpendLedgerError: the Variable cannot be read, or is not a JSON object of team to USD
+            (the caller decides: warn and go on, or refuse; see ``[gpu_provider] budget_fail_closed``)
+        """
         from airflow.sdk import Variable
 
         try:
             raw = Variable.get(self.key, default=None)
-        except Exception:
+        except Exception as err:
+            raise SpendLedgerError(
+                f"the Airflow Variable {self.key} could not be read: {type(err).__name__}: {err}"
+            ) from err
+        if raw is None or raw == "":
             return {}
         try:
-            data = json.loads(raw) if raw else {}
-        except (TypeError, ValueError):
-            return {}
-        return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError(f"a JSON {type(data).__name__}, not an object")
+            return {str(k): float(v) for k, v in data.items()}
+        except (TypeError, ValueError) as err:
+            raise SpendLedgerError(
+                f'the Airflow Variable {self.key} is not a JSON object of team to USD (like {{"vision": 120.5}}): {err}'
+            ) from err
 
     def add(self, team: str, usd: float) -> None:
+        """Add ``usd`` to ``team``'s month; an unreadable ledger raises :class:`SpendLedgerError` and is
+        left as it is (never overwritten with this one team's figure)."""
         from airflow.sdk import Variable
 
         data = self.read()
@@ -130,6 +151,7 @@ class SpendControl:
         team_budgets: Mapping[str, float] | None = None,
         ledger: SpendLedger | None = None,
         emit_metrics: bool = True,
+        budget_fail_closed: bool = False,
     ) -> None:
         self.backend = backend
         self.resources = resources
@@ -143,6 +165,8 @@ class SpendControl:
         self.team_budgets = dict(team_budgets or {})
         self.ledger = ledger
         self.emit_metrics = emit_metrics
+        #: refuse a submit when the team's spend cannot be read (else warn and go on as if $0 was spent)
+        self.budget_fail_closed = budget_fail_closed
         try:
             self._region = backend.price_region()
         except Exception:  # no region configured anywhere: priced in the default region, and said so
@@ -154,6 +178,7 @@ class SpendControl:
         cls, backend: Backend, resources: GpuResources, policy: CapacityPolicy, **kwargs: Any
     ) -> SpendControl:
         from gpu_provider.backends.base import provider_config
+        from gpu_provider.job import to_bool
         from gpu_provider.quotas.file import configured_quotas
 
         quotas = configured_quotas()
@@ -162,6 +187,11 @@ class SpendControl:
             **(quotas.budgets() if quotas else {}),
             **parse_team_budgets(provider_config("team_monthly_budget_usd")),
         }
+        fail_closed = provider_config("budget_fail_closed")
+        kwargs.setdefault(
+            "budget_fail_closed",
+            to_bool("[gpu_provider] budget_fail_closed", fail_closed) if fail_closed else False,
+        )
         return cls(
             backend, resources, policy, team_budgets=budgets, ledger=SpendLedger() if budgets else None, **kwargs
         )
@@ -245,7 +275,27 @@ class SpendControl:
         if not self.team or self.team not in self.team_budgets or self.ledger is None:
             return
         budget = self.team_budgets[self.team]
-        spent = self.ledger.read().get(self.team, 0.0)
+        try:
+            spent = self.ledger.read().get(self.team, 0.0)
+        except SpendLedgerError as err:
+            if self.budget_fail_closed:
+                raise GpuJobBudgetError(
+                    f"Not submitting attempt {step.attempt}: team {self.team!r}'s monthly budget of ${budget:.2f} "
+                    f"cannot be checked: {err}. [gpu_provider] budget_fail_closed = True refuses a submit whose "
+                    f"team budget cannot be checked: fix or delete the Variable {self.ledger.key}, or set "
+                    "budget_fail_closed = False to submit with a warning instead."
+                ) from err
+            # fail open, but never silently: every submit says so
+            self.log.warning(
+                "Team %r's monthly budget of $%.2f is NOT checked for attempt %d: %s. Submitting as if the team "
+                "had spent $0 this month ([gpu_provider] budget_fail_closed = False; set it to True to refuse "
+                "instead).",
+                self.team,
+                budget,
+                step.attempt,
+                err,
+            )
+            spent = 0.0
         bounded = 0.0
         if self.max_runtime_s:
             price = self._price_or_none(step.capacity)
@@ -328,6 +378,7 @@ def cost_line(backend: str, record: AttemptRecord) -> str:
 __all__ = [
     "SpendControl",
     "SpendLedger",
+    "SpendLedgerError",
     "check_max_cost",
     "cost_line",
     "parse_team_budgets",

@@ -6,13 +6,20 @@ instance each job names, and stops:
 
 - a job whose task instance is not live: its state is not one of :data:`LIVE_STATES` (failed,
   success, skipped, removed...), or it has no state and its DAG run is not running or queued;
-- a job whose task instance does not exist (its DAG run or DAG was deleted);
-- a job running longer than its max runtime plus the grace period (the service should have
-  stopped it);
+- a job whose task instance does not exist because its DAG run (or DAG) was deleted: Airflow
+  answered 404 with its own JSON body naming the object for the task instance, and again for its
+  DAG run (a second read, so a 404 from anything else is never taken for a deletion);
+- a job whose tags name no task instance, once it is past its service's own limit plus the grace
+  period (:func:`past_service_limit`: SageMaker counts training time against
+  ``MaxRuntimeInSeconds`` and wall time against ``MaxWaitTimeInSeconds``; the others count run time
+  from the start against their timeout);
 
 and leaves alone a job submitted less than ``grace_period_s`` ago (the task's state may not be
-visible yet), a job whose task instance is live, and a job whose owner cannot be asked (the API
-unreachable: never stop on a guess). Dry-run reports the same set and stops nothing.
+visible yet), a job whose task instance is live (whatever its run time: the task's own wait
+enforces ``max_runtime``), and a job whose owner cannot be asked (the API unreachable, an answer
+that is not Airflow's: never stop on a guess). Every pass first checks that the API is Airflow 3's
+(``GET /api/v2/version``, JSON, version 3.x) and gets its token; when that fails the pass stops
+nothing and reports why. Dry-run reports the same set and stops nothing.
 
 It knows no Airflow internals and touches no metadata database: :class:`AirflowApi` talks to
 the REST API over HTTP with the standard library.
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -50,7 +58,21 @@ KEEP = "keep"
 
 
 class AirflowApiError(Exception):
-    """Airflow's REST API could not answer (unreachable, refused, an unexpected status)."""
+    """Airflow's REST API could not answer (unreachable, refused, an unexpected status, an answer
+    that is not Airflow's)."""
+
+
+#: what ``GET /api/v2/version`` must answer: Airflow 3's version endpoint
+_AIRFLOW_3_VERSION = re.compile(r"3\.\d+(\.\d+)?([.+\-a-z0-9]*)?", re.IGNORECASE)
+
+
+def _is_json(content_type: str | None) -> bool:
+    return (content_type or "").split(";")[0].strip().lower() in ("application/json", "application/problem+json")
+
+
+def _snippet(body: bytes) -> str:
+    text = body[:300].decode(errors="replace").strip().replace("\n", " ")
+    return text if len(body) <= 300 else text + "..."
 
 
 class AirflowApi:
@@ -72,6 +94,8 @@ class AirflowApi:
         timeout: float = 30.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: the URL as messages show it (without any user:password@ written into it)
+        self.shown_url = re.sub(r"//[^/@]*@", "//", self.base_url)
         self._username = username
         self._password = password
         self._token = token
@@ -97,11 +121,63 @@ class AirflowApi:
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self._token is None and self._username and self._password:
-            answer = self._request("POST", "/auth/token", {"username": self._username, "password": self._password})
-            self._token = str(answer["access_token"])
+            # any failure here (a 404 included) is an error: no answer of /auth/token says an object is gone
+            try:
+                answer = self._request("POST", "/auth/token", {"username": self._username, "password": self._password})
+                self._token = str(answer["access_token"])
+            except urllib.error.HTTPError as err:
+                raise AirflowApiError(
+                    f"Airflow API at {self.shown_url}: POST /auth/token answered HTTP {err.code} {err.reason} "
+                    f"({err.headers.get('Content-Type') or 'no content type'}); no token, so no task instance "
+                    "could be asked about"
+                ) from err
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                raise AirflowApiError(
+                    f"Airflow API at {self.shown_url}: POST /auth/token gave no token: {type(err).__name__}: {err}"
+                ) from err
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
         return headers
+
+    def check_identity(self) -> str:
+        """Make sure ``base_url`` is Airflow 3's API and a token can be had; return Airflow's version.
+
+        ``GET /api/v2/version`` must answer 200 with a JSON object whose ``version`` is 3.x (a wrong
+        base URL, a proxy's page, a missing path prefix or an Airflow 2 server do not); then the token
+        is fetched (user and password), so a failing ``/auth/token`` is found here, once per pass.
+
+        :raises AirflowApiError: naming what was answered instead
+        """
+        url = self.base_url + "/api/v2/version"
+        headers = {"Accept": "application/json"}
+        if self._token:  # a ready token goes along (a proxy may want one even where Airflow does not)
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(url, method="GET", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                body, content_type = response.read(65536), response.headers.get("Content-Type")
+        except urllib.error.HTTPError as err:
+            body = err.read(2000)
+            raise AirflowApiError(
+                f"Airflow API at {self.shown_url} is not Airflow 3's: GET /api/v2/version answered HTTP {err.code} "
+                f"{err.reason} ({err.headers.get('Content-Type') or 'no content type'}: {_snippet(body)!r}). "
+                "Check the connection's host, port and path prefix (an Airflow 2 server has no /api/v2)"
+            ) from err
+        except (OSError, ValueError) as err:
+            raise AirflowApiError(f"Airflow API at {self.shown_url} could not be reached: {err}") from err
+        try:
+            answer = json.loads(body) if _is_json(content_type) else None
+        except ValueError:
+            answer = None
+        version = answer.get("version") if isinstance(answer, dict) else None
+        if not isinstance(version, str) or not _AIRFLOW_3_VERSION.fullmatch(version):
+            raise AirflowApiError(
+                f"Airflow API at {self.shown_url} is not Airflow 3's: GET /api/v2/version answered "
+                f"{content_type or 'no content type'} {_snippet(body)!r}, not a JSON object with a 3.x 'version'. "
+                "Check the connection's host, port and path prefix"
+            )
+        self._headers()
+        return version
 
     def _request(
         self, method: str, path: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
@@ -116,15 +192,26 @@ class AirflowApi:
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
             return json.loads(response.read() or b"null")
 
-    def get(self, path: str) -> Any | None:
-        """GET ``/api/v2<path>``; ``None`` for 404 (no such object)."""
+    def get(self, path: str, *, object_id: str | None = None) -> Any | None:
+        """GET ``/api/v2<path>``; ``None`` only for Airflow's own "not found".
+
+        A 404 means "no such object" only when its body is Airflow's: JSON with a ``detail`` that
+        says "not found" and names ``object_id`` (the DAG id; Airflow's answer for an unknown route,
+        ``{"detail": "Not Found"}``, names nothing). Any other 404 (an HTML page from a proxy, a
+        wrong path prefix) is an :class:`AirflowApiError`.
+        """
         try:
             return self._request("GET", "/api/v2" + path, headers=self._headers())
         except urllib.error.HTTPError as err:
-            if err.code == 404:
+            body = err.read(2000)
+            content_type = err.headers.get("Content-Type")
+            if err.code == 404 and _airflow_not_found(body, content_type, object_id):
                 return None
-            detail = err.read(2000).decode(errors="replace").strip()
-            raise AirflowApiError(f"Airflow API GET {path} answered HTTP {err.code} {err.reason}: {detail}") from err
+            unsure = "; not Airflow's own 'not found' for this object, so nothing is taken as deleted"
+            raise AirflowApiError(
+                f"Airflow API GET {path} answered HTTP {err.code} {err.reason} "
+                f"({content_type or 'no content type'}): {_snippet(body)}" + (unsure if err.code == 404 else "")
+            ) from err
         except (OSError, ValueError) as err:
             raise AirflowApiError(f"Airflow API GET {path} failed: {err}") from err
 
@@ -146,13 +233,39 @@ class AirflowApi:
         path = f"{run}/taskInstances/{q(task.task_id, safe='')}"
         if task.map_index >= 0:
             path += f"/{task.map_index}"
-        found = self.get(path)
-        return dict(found) if isinstance(found, dict) else None
+        found = self.get(path, object_id=task.dag_id)
+        if found is not None and not isinstance(found, dict):
+            raise AirflowApiError(f"Airflow API GET {path} answered {found!r}, not a task instance")
+        return found
+
+    def dag_run(self, task: TaskKey) -> dict[str, Any] | None:
+        """The task's DAG run; ``None`` only when Airflow says it does not exist."""
+        q = urllib.parse.quote
+        path = f"/dags/{q(task.dag_id, safe='')}/dagRuns/{q(task.run_id, safe='')}"
+        found = self.get(path, object_id=task.dag_id)
+        if found is not None and not isinstance(found, dict):
+            raise AirflowApiError(f"Airflow API GET {path} answered {found!r}, not a DAG run")
+        return found
+
+    def dag_exists(self, dag_id: str) -> bool:
+        """Whether Airflow knows the DAG (``False`` only on Airflow's own "not found")."""
+        return self.get(f"/dags/{urllib.parse.quote(dag_id, safe='')}", object_id=dag_id) is not None
 
     def dag_run_state(self, task: TaskKey) -> str | None:
-        q = urllib.parse.quote
-        found = self.get(f"/dags/{q(task.dag_id, safe='')}/dagRuns/{q(task.run_id, safe='')}")
-        return str(found.get("state")) if isinstance(found, dict) else None
+        found = self.dag_run(task)
+        return str(found.get("state")) if found is not None else None
+
+
+def _airflow_not_found(body: bytes, content_type: str | None, object_id: str | None) -> bool:
+    """Whether a 404's body is Airflow 3's answer for a missing object (see :meth:`AirflowApi.get`)."""
+    if not _is_json(content_type) or not object_id:
+        return False
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return False
+    detail = answer.get("detail") if isinstance(answer, dict) else None
+    return isinstance(detail, str) and "not found" in detail.lower() and object_id in detail
 
 
 @dataclass
@@ -193,6 +306,10 @@ class ReapReport:
     dry_run: bool
     verdicts: list[Verdict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    airflow_version: str | None = None
+    """Airflow's version, as its API answered this pass's identity check."""
+    api_error: str | None = None
+    """Why this pass could not trust Airflow's API (then nothing was stopped); ``None`` when it could."""
 
     @property
     def to_stop(self) -> list[Verdict]:
@@ -213,30 +330,80 @@ class ReapReport:
             "stopped": sum(1 for v in self.to_stop if v.stopped),
             "usd_per_hour": self.usd_per_hour(),
             "errors": list(self.errors),
+            "airflow_version": self.airflow_version,
         }
 
 
+def past_service_limit(job: OwnedJob, now: float, grace_period_s: float) -> str | None:
+    """Why ``job`` is past its service's own limit plus the grace period, or ``None`` when it is not.
+
+    Each limit is judged on the clock its service uses: ``max_wait_s`` (SageMaker managed spot's
+    ``MaxWaitTimeInSeconds``) on the wall time since submission, waiting for capacity included;
+    ``max_runtime_s`` on the run time the service counts (``training_seconds`` where it reports one,
+    e.g. SageMaker's training time, which excludes waiting and restarts), else the time since
+    ``started_at``. A job that never started has used none of its max runtime.
+    """
+    if job.max_wait_s:
+        waited = now - job.handle.submitted_at
+        if waited > job.max_wait_s + grace_period_s:
+            return (
+                f"{waited:.0f}s since its submission, past its max wait of {job.max_wait_s:.0f}s "
+                f"(+{grace_period_s:.0f}s grace)"
+            )
+    if job.max_runtime_s:
+        if job.training_seconds is not None:
+            ran, clock = job.training_seconds, "training time as the service counts it"
+        elif job.started_at is not None:
+            ran, clock = now - job.started_at, "run time since it started"
+        else:
+            return None
+        if ran > job.max_runtime_s + grace_period_s:
+            return (
+                f"{ran:.0f}s of {clock}, past its max runtime of {job.max_runtime_s:.0f}s "
+                f"(+{grace_period_s:.0f}s grace)"
+            )
+    return None
+
+
 def decide(job: OwnedJob, api: AirflowApi, *, now: float, grace_period_s: float) -> tuple[str, str]:
-    """``(STOP | KEEP, why)`` for one job (may raise :class:`AirflowApiError`: then the job is kept)."""
+    """``(STOP | KEEP, why)`` for one job (may raise :class:`AirflowApiError`: then the job is kept).
+
+    A job whose task instance is live is kept whatever its run time (the task's own wait enforces
+    ``max_runtime``; a managed-spot job may wait for capacity long past its max runtime). The
+    service's own limits (:func:`past_service_limit`) decide only for a job no task can be asked about.
+    """
     age = now - job.handle.submitted_at
     if age < grace_period_s:
         return KEEP, f"submitted {age:.0f}s ago, within the grace period of {grace_period_s:.0f}s"
-    if job.max_runtime_s and job.started_at and now - job.started_at > job.max_runtime_s + grace_period_s:
-        return STOP, (
-            f"running {now - job.started_at:.0f}s, past its max runtime of {job.max_runtime_s:.0f}s "
-            f"(+{grace_period_s:.0f}s grace)"
-        )
     task = job.task
     if task is None:
-        return KEEP, "its tags name no task instance; cannot tell whether a task waits for it"
+        over = past_service_limit(job, now, grace_period_s)
+        if over is not None:
+            return STOP, f"its tags name no task instance and it is {over}: no task waits for it"
+        return KEEP, "its tags name no task instance; cannot tell whether a task waits for it (within its limits)"
     ti = api.task_instance(task)
     if ti is None:
-        return STOP, f"task instance {_label(task)} does not exist (its DAG run or DAG was deleted)"
+        # Airflow said the task instance does not exist: confirm with a second read that its DAG run is gone
+        run = api.dag_run(task)
+        if run is not None:
+            raise AirflowApiError(
+                f"task instance {_label(task)} was not found, yet its DAG run is there ({run.get('state')}): "
+                "the job is kept; check the job's tags and the API's path prefix"
+            )
+        try:
+            what = "DAG run" if api.dag_exists(task.dag_id) else "DAG"
+        except AirflowApiError:
+            what = "DAG run or DAG"
+        return STOP, (
+            f"task instance {_label(task)} does not exist (its {what} was deleted: Airflow answered not found "
+            "for the task instance and again for its DAG run)"
+        )
     state = ti.get("state")
     if state in LIVE_STATES:
         return KEEP, f"task instance {_label(task)} is {state} (try {ti.get('try_number')})"
     if state is None:
-        run_state = api.dag_run_state(task)
+        run = api.dag_run(task)
+        run_state = None if run is None else run.get("state")
         if run_state in LIVE_RUN_STATES:
             return KEEP, f"task instance {_label(task)} has no state yet and its DAG run is {run_state}"
         return STOP, f"task instance {_label(task)} has no state and its DAG run is {run_state or 'gone'}"
@@ -275,6 +442,11 @@ def reap(
     job is reported and the others go on."""
     book = book or PriceBook.from_config()
     report = ReapReport(dry_run=dry_run)
+    try:
+        report.airflow_version = api.check_identity()
+    except AirflowApiError as err:
+        report.api_error = str(err)
+        report.errors.append(f"Nothing stopped this pass: {err}")
     for backend in backends:
         try:
             owned = backend.list_owned()
@@ -284,10 +456,13 @@ def reap(
         now = clock()
         for job in owned:
             try:
+                if report.api_error is not None:
+                    raise AirflowApiError("the API's identity could not be confirmed this pass")
                 action, why = decide(job, api, now=now, grace_period_s=grace_period_s)
             except AirflowApiError as err:
                 action, why = KEEP, f"could not ask Airflow about its task ({err}); kept"
-                report.errors.append(f"{backend.name} job {job.handle.job_id}: {err}")
+                if report.api_error is None:
+                    report.errors.append(f"{backend.name} job {job.handle.job_id}: {err}")
             verdict = Verdict(job, action, why, job_usd_per_hour(backend, job, book))
             if action == STOP and not dry_run:
                 try:

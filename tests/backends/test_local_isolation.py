@@ -1,4 +1,4 @@
-"""What the local backend isolates, shown with real processes (the README's isolation statement).
+"""What the local backend isolates, shown with real processes (the isolation statement of docs/how-to/local.md).
 
 These tests run as root (as CI does): ``run_as_user="nobody"`` needs a worker that can switch
 users. Jobs that run as ``nobody`` use the system's ``/usr/bin/python3``: the test interpreter may
@@ -201,7 +201,7 @@ def test_run_as_user_keeps_the_job_away_from_the_worker_and_other_jobs(
 
 
 def test_without_run_as_user_a_job_reads_what_the_worker_user_can(local: Local, worker_like: tuple[int, str]) -> None:
-    """The README's statement of what the local backend does NOT isolate, checked."""
+    """The docs' statement of what the local backend does NOT isolate, checked."""
     worker_pid, worker_secret = worker_like
     code = """
         import sys

@@ -9,8 +9,8 @@ Recent attempts table fitting Airflow's frame at 1280 px), that the page and its
 who is not signed in exactly as Airflow's own API does, that a user allowed one DAG and no pools
 sees that DAG only in every number and the page without the team table, that an administrator sees
 a job of a DAG Airflow does not know, that a killed attempt shows ``cancelled`` with its GPU time and
-cost (and the team's totals do not shrink), and saves the screenshot the README shows
-(docs/gpu-page.png).
+cost (and the team's totals do not shrink), and saves the screenshot the docs show
+(docs/gpu-page.png, in docs/how-to/gpu-page-in-the-ui.md and docs/reference/gpu-page.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from tests.harness import Harness, wait_for
 from tests.system_packages import ensure
 
 REPO = Path(__file__).resolve().parents[2]
-#: where the screenshot goes besides the test's temporary folder: the README's picture is made with
+#: where the screenshot goes besides the test's temporary folder: the docs' picture is made with
 #: GPU_PAGE_SCREENSHOT=docs/gpu-page.png (a plain `make test` leaves the repository alone)
 SCREENSHOT = os.environ.get("GPU_PAGE_SCREENSHOT")
 CHROMEDRIVER = "/usr/bin/chromedriver"

@@ -1,4 +1,4 @@
-"""The README's example test file for the example pipeline ("Testing your pipelines"), run as written: its test
+"""The docs' example test file for the example pipeline (docs/how-to/test-your-pipelines.md), run as written: its test
 functions are called with the plugin's fixtures they name.
 
 All but the Batch one: the whole pipeline on the Batch emulator with a reclaimed spot host is what
@@ -18,13 +18,13 @@ from tests.harness import REPO
 
 
 def example_tests() -> dict[str, FunctionType]:
-    text = (REPO / "README.md").read_text()
-    section = text.split("### An example test file", 1)[1]
+    text = (REPO / "docs" / "how-to" / "test-your-pipelines.md").read_text()
+    section = text.split("## An example test file", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
-    assert code is not None, "the README's example test file is gone"
+    assert code is not None, "the docs' example test file is gone"
     # as if the file were tests/test_gpu_ml_pipeline.py of this repository: DAG is dags/gpu_ml_pipeline.py
     namespace: dict[str, Any] = {"__file__": str(REPO / "tests" / "test_gpu_ml_pipeline.py"), "__name__": "example"}
-    exec(compile(code.group(1), "README.md example", "exec"), namespace)
+    exec(compile(code.group(1), "docs/how-to/test-your-pipelines.md example", "exec"), namespace)
     return {name: f for name, f in namespace.items() if name.startswith("test_") and isinstance(f, FunctionType)}
 
 

@@ -787,6 +787,9 @@ class BatchBackend(Backend):
                     gpus=float(handle.extra.get("gpus") or 0.0) / nodes,
                     max_runtime_s=float(timeout) if timeout else None,
                     region=self.region,
+                    # Batch's timeout counts from the attempt's startedAt; a RUNNABLE job has no wait limit
+                    max_wait_s=None,
+                    training_seconds=None,
                 )
             )
         return sorted(owned, key=lambda o: (o.handle.submitted_at, o.handle.job_id))

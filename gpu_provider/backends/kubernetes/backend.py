@@ -761,6 +761,10 @@ class KubernetesBackend(Backend):
                     nodes=int(handle.extra.get("nodes") or 1),
                     gpus=float(handle.extra.get("gpus") or 1),
                     max_runtime_s=float(runtime) if runtime.isdigit() else None,
+                    # activeDeadlineSeconds counts from the start (a Job's startTime includes pending pods);
+                    # a pending pod has no wait limit
+                    max_wait_s=None,
+                    training_seconds=None,
                 )
             )
         return owned

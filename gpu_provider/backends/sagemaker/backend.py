@@ -844,6 +844,9 @@ class SageMakerBackend(Backend):
                         nodes=nodes,
                         gpus=total / nodes if nodes else total,
                         max_runtime_s=(job.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds"),
+                        # managed spot: MaxRuntime counts training time only, MaxWait the wall time since creation
+                        max_wait_s=(job.get("StoppingCondition") or {}).get("MaxWaitTimeInSeconds"),
+                        training_seconds=mapping.training_seconds(job, time.time()),
                     )
                 )
         return owned

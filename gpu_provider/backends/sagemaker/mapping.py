@@ -155,6 +155,32 @@ def queued_since(job: Mapping[str, Any]) -> float | None:
     return since
 
 
+#: secondary statuses whose time SageMaker counts against ``MaxRuntimeInSeconds`` (the instances are the job's)
+_COUNTED = frozenset({"Downloading", "Training", "Uploading"})
+
+
+def training_seconds(job: Mapping[str, Any], now: float) -> float:
+    """The run time SageMaker counts against ``MaxRuntimeInSeconds`` so far: ``TrainingTimeInSeconds``
+    once it reports it, else the time spent in Downloading, Training and Uploading per
+    ``SecondaryStatusTransitions`` (an open transition counted up to ``now``). Waiting for spot
+    capacity (Starting, after an ``Interrupted``) is not counted: that is ``MaxWaitTimeInSeconds``'s."""
+    reported = job.get("TrainingTimeInSeconds")
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool):
+        return float(reported)
+    seen = transitions(job)
+    total = 0.0
+    for i, t in enumerate(seen):
+        if t.get("Status") not in _COUNTED:
+            continue
+        start = seconds(t.get("StartTime"))
+        end = seconds(t.get("EndTime"))
+        if end is None:
+            end = seconds(seen[i + 1].get("StartTime")) if i + 1 < len(seen) else now
+        if start is not None and end is not None:
+            total += max(0.0, end - start)
+    return total
+
+
 _EXIT_CODE = re.compile(r"exit\s*code:?\s*(-?\d+)", re.IGNORECASE)
 
 

@@ -5,7 +5,7 @@ with their task instances, the pools, the backends' live jobs); this module turn
 the page and its API serve. Everything here is a pure function of its inputs and ``now``, so the
 arithmetic is tested without a server.
 
-Attribution rules (the README's "The GPU page" says the same):
+Attribution rules (docs/how-to/gpu-page-in-the-ui.md says the same):
 
 * an attempt belongs to the team of its task's pool (``gpu_<team>``; tasks without ``team=`` are
   shown as team ``-``);

@@ -278,7 +278,7 @@
       document.getElementById("status").textContent = `updated ${when(meta.generated_at)}`;
       document.getElementById("footer").textContent =
         `airflow-provider-gpu ${meta.version} · live state from: ${meta.live_backends.join(", ") || "none"} · ` +
-        "costs are estimates (see the provider's docs, Spend control)";
+        "costs are estimates (see the provider's docs: how-to, Spend control)";
       document.body.dataset.loaded = "true";
     } catch (err) {
       showErrors([String(err.message || err)]);
