@@ -102,7 +102,7 @@ def check_fixed_options(backend: Any) -> None:
                 f"backend option {key!r} of the {backend['name']!r} backend cannot be a template: it is a fixed "
                 "option (it chooses who or what the job runs as, where its secrets come from, which account, "
                 "endpoint or folder it uses), and templates can take trigger-form params (untrusted input). "
-                "Give a literal value, or set it in the [gpu_provider] config."
+                "Give a literal value, or set it in the config section [gpu_provider]."
             )
 
 
@@ -133,7 +133,7 @@ def check_rendered_fixed_options(rendered: Any, written: Any) -> None:
             f"backend option {key!r} of the {name.strip()!r} backend came from a template (it is not written "
             "literally in the DAG file): it is a fixed option, which a template could take from the trigger "
             "form's params or the run's conf (untrusted input). Write it literally in the DAG file, or set it in "
-            f"the [gpu_provider] config. Fixed options of this backend: {', '.join(sorted(fixed))}."
+            f"the config section [gpu_provider]. Fixed options of this backend: {', '.join(sorted(fixed))}."
         )
 
 
