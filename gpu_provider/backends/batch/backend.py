@@ -50,6 +50,7 @@ from gpu_provider.backends.base import (
     JobStatus,
     LogChunk,
     OwnedJob,
+    OwnerRead,
     PollResult,
     TaskKey,
     _slug,
@@ -640,6 +641,15 @@ class BatchBackend(Backend):
             owner_try=int(owner) if owner.isdigit() else None,
             collected=str(tags.get(names.TAG_COLLECTED) or "").lower() == "true",
         )
+
+    def read_owner(self, handle: JobHandle) -> OwnerRead:
+        """DescribeJobs of this one job now: its owner-try tag (Batch returns a job's tags with it)."""
+        for job in self._describe([handle.job_id], attempts=PATIENT_ATTEMPTS):
+            if str(job.get("jobId")) == handle.job_id:
+                tags = job.get("tags") or {}
+                owner = str(tags.get(names.TAG_OWNER_TRY) or tags.get(names.TAG_TRY_NUMBER) or "")
+                return OwnerRead(owner_try=int(owner) if owner.isdigit() else None)
+        return OwnerRead(owner_try=None, exists=False)
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
         """TerminateJob with ``reason``; from a SIGTERM handler too (see :func:`~.common.run_bounded`)."""
