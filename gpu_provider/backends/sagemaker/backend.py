@@ -661,6 +661,13 @@ class SageMakerBackend(Backend):
         if state is JobState.FAILED:
             code = mapping.exit_code(failure)
             reason = failure or last_message or "no reason given"
+            interruption = mapping.failure_interruption(failure)
+            if interruption == names.CAPACITY_TIMEOUT:
+                instance = (job.get("ResourceConfig") or {}).get("InstanceType")
+                reason = (
+                    f"SageMaker could not provision {handle.capacity} {instance} capacity ({failure}): a capacity "
+                    "problem, not the job's own error"
+                )
             if secondary == mapping.MAX_RUNTIME_EXCEEDED:
                 limit = (job.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
                 reason = f"{last_message or secondary}: the job ran past max_runtime (MaxRuntimeInSeconds={limit})"
