@@ -75,7 +75,7 @@ from gpu_provider.backends.batch.mapping import (
     unrunnable,
     unrunnable_reason,
 )
-from gpu_provider.backends.common import run_bounded, text_option
+from gpu_provider.backends.common import keep_bounded, run_bounded, text_option
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 
@@ -86,6 +86,8 @@ log = logging.getLogger(__name__)
 
 #: most job ids per DescribeJobs call (a Batch limit)
 DESCRIBE_BATCH = 100
+#: job definitions whose ARN a backend object remembers (newest kept; one per task and content)
+DEFINITIONS_KEPT = 256
 #: Batch states of jobs that have not ended (what :meth:`BatchBackend.list_owned` lists)
 ACTIVE_BATCH_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
 #: a job DescribeJobs does not return this long after its submission is lost (before: not visible yet)
@@ -368,7 +370,7 @@ class BatchBackend(Backend):
             registered = call("RegisterJobDefinition", lambda: client.register_job_definition(**body))
             arn = str(registered["jobDefinitionArn"])
             log.info("Registered Batch job definition %s.", arn)
-        self._definitions[name] = arn
+        keep_bounded(self._definitions, name, arn, limit=DEFINITIONS_KEPT)
         return arn
 
     # --- the contract --------------------------------------------------------------------------
