@@ -149,6 +149,8 @@ class AttemptRunner:
         self.queue_timeout_s = queue_timeout
         self.execution_timeout = execution_timeout
         self.cancel_retry_s = cancel_retry_s
+        #: why the last owner read failed (for messages)
+        self.owner_error = ""
 
     def persist(self) -> None:
         self._persist(self.engine.records)
@@ -185,9 +187,11 @@ class AttemptRunner:
     def owned_later(self, record: AttemptRecord) -> bool | None:
         """Whether a later Airflow try owns ``record``'s job, read from the service now
         (:meth:`Backend.read_owner`); ``None`` when that cannot be read. A later owner is kept in the record."""
-        read = read_owner(self.backend, record.handle)
-        if read is None:
-            self.log.warning("Could not read who owns %s now.", self.where(record))
+        try:
+            read = self.backend.read_owner(record.handle)
+        except Exception as err:
+            self.owner_error = f"{type(err).__name__}: {err}"
+            self.log.warning("Could not read who owns %s now: %s", self.where(record), self.owner_error)
             return None
         if read.later_than(self.engine.try_number):
             record.owner_try = read.owner_try
@@ -204,7 +208,10 @@ class AttemptRunner:
 
     def check_submit(self, step: Submit) -> None:
         """Before a resubmission (``step`` follows an attempt that ended): the attempt it replaces must
-        still be this try's, read now. A later try owns it: stand down. Unreadable: submit nothing on a guess."""
+        not belong to a later try, read now. A later try owns it: stand down. Unreadable while this try
+        owns that attempt (the case of a zombie): submit nothing on a guess. Unreadable while an earlier
+        try owned it (a retry resuming, e.g. on a worker that cannot see another machine's local job):
+        this try is the newest known, and goes on."""
         current = self.engine.current
         if not current:
             return
@@ -212,10 +219,10 @@ class AttemptRunner:
         owned = self.owned_later(previous)
         if owned:
             self.stand_down(previous)
-        if owned is None:
+        if owned is None and previous.owner_try is not None and previous.owner_try >= self.engine.try_number:
             raise GpuJobPollError(
-                f"could not read who owns {self.where(previous)} before submitting attempt {step.attempt}; "
-                "nothing was submitted on a guess. A retry of this task will look again."
+                f"could not read who owns {self.where(previous)} before submitting attempt {step.attempt} "
+                f"({self.owner_error}); nothing was submitted on a guess. A retry of this task will look again."
             )
 
     def take_over(self, record: AttemptRecord) -> None:
@@ -229,8 +236,8 @@ class AttemptRunner:
             self.stand_down(record)
         if owned is None:
             raise GpuJobPollError(
-                f"could not read who owns {self.where(record)}, so this try did not take it over. The job may "
-                "still be running: a retry of this task will look again."
+                f"could not read who owns {self.where(record)} ({self.owner_error}), so this try did not take it "
+                "over. The job may still be running: a retry of this task will look again."
             )
         record.owner_try = self.engine.try_number
         try:

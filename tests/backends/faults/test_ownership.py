@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +34,17 @@ from gpu_provider import names
 from gpu_provider.backends._local_common import CANCEL_FILE
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
 from gpu_provider.backends.local import LocalBackend
-from gpu_provider.engine.attempts import AttemptEngine, Submit
+from gpu_provider.engine.attempts import AttemptEngine, Fail, Submit, Wait
 from gpu_provider.engine.runner import AttemptRunner
 from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, RESTART_LIMIT
-from gpu_provider.exceptions import GpuJobCancelledError
+from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStatusError
 from gpu_provider.operators import GpuJobOperator
 from gpu_provider.records import AttemptRecord, load_records
 from gpu_provider.recovery import SpotFallback
 from gpu_provider.testing.dagrun import wait_for
 from gpu_provider.triggers.gpu_job import GpuJobTrigger
 from tests.backends.contract.worlds import IMAGE, LONG_JOB, BackendWorld, LocalBackendWorld, poll_one
+from tests.scripted import ScriptedBackend, scripted  # noqa: F401 (fixture)
 
 log = logging.getLogger("test-ownership")
 
@@ -266,3 +268,52 @@ def test_a_deferred_zombies_kill_leaves_its_successors_job(world: BackendWorld) 
         assert stops(world, handle) == 1, "the owner's trigger must stop its job when killed"
     finally:
         world.release_capacity()
+
+
+# --- when the owner cannot be read (scripted service: its reads fail) ---------------------------------
+
+
+def _scripted_record(job_id: str, owner_try: int) -> AttemptRecord:
+    handle = JobHandle("scripted", job_id, f"gp-{job_id}", 1, names.SPOT, time.time() - 100)
+    return AttemptRecord.new(handle, try_number=owner_try)
+
+
+@pytest.mark.usefixtures("scripted")
+def test_an_unreadable_owner_stops_nothing_that_a_new_attempt_would_follow() -> None:
+    """Missing evidence: no stop that leads to a resubmission, no resubmission, no take over; a stop that
+    ends the try (deadline) still happens, so the job does not bill for nobody."""
+    record = _scripted_record("j1", owner_try=1)
+    ScriptedBackend.table["j1"] = GpuJobStatusError("the service did not answer")
+    runner = _runner(ScriptedBackend(), record, 1)
+    queued = JobStatus(state=JobState.QUEUED, restarts=3)
+    for outcome in (RESTART_LIMIT, CAPACITY_TIMEOUT):
+        assert runner.after_wait(record, queued, outcome) == Wait(record)
+    assert ScriptedBackend.cancels == []
+    with pytest.raises(GpuJobPollError, match="nothing was submitted on a guess"):
+        runner.check_submit(Submit(attempt=2, capacity=names.ON_DEMAND))
+    with pytest.raises(GpuJobPollError, match="did not take it over"):
+        _runner(ScriptedBackend(), record, 2).take_over(record)
+    assert ScriptedBackend.marks == []
+    step = runner.after_wait(record, queued, DEADLINE)
+    assert isinstance(step, Fail) and [job for job, _ in ScriptedBackend.cancels] == ["j1"]
+
+
+@pytest.mark.usefixtures("scripted")
+def test_a_retry_resumes_after_an_earlier_tries_attempt_whose_owner_cannot_be_read() -> None:
+    """A newer try than the attempt's known owner is not the zombie: it submits the next attempt."""
+    record = _scripted_record("j1", owner_try=1)
+    record.update(JobStatus(state=JobState.FAILED, reason="exit code 1"))
+    ScriptedBackend.table["j1"] = GpuJobStatusError("another machine's job")
+    _runner(ScriptedBackend(), record, 2).check_submit(Submit(attempt=2, capacity=names.ON_DEMAND))
+    assert ScriptedBackend.owner_reads == ["j1"]
+
+
+@pytest.mark.usefixtures("scripted")
+def test_a_later_owner_read_now_wins_over_the_records() -> None:
+    """The record (from a poll's cache, or the task state store) says try 1; the service says try 2."""
+    record = _scripted_record("j1", owner_try=1)
+    ScriptedBackend.table["j1"] = JobStatus(state=JobState.RUNNING, owner_try=2)
+    runner = _runner(ScriptedBackend(), record, 1)
+    with pytest.raises(GpuJobCancelledError, match="owned by Airflow try 2"):
+        runner.after_wait(record, JobStatus(state=JobState.RUNNING, owner_try=1), DEADLINE)
+    assert ScriptedBackend.cancels == [] and record.owner_try == 2
