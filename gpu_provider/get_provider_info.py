@@ -359,6 +359,17 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "200",
                         "default": "100",
                     },
+                    "sagemaker_full_describe_every": {
+                        "description": "Poll ticks after which a batched SageMaker status poll describes every "
+                        "running managed-spot job in full (DescribeTrainingJob), whether or not ListTrainingJobs "
+                        "lists it as modified: AWS does not document that LastModifiedTime moves when only "
+                        "SecondaryStatus changes (a spot Interrupted), so an interruption is seen within this "
+                        "many ticks at worst. Lower: interruptions seen sooner, more calls.",
+                        "version_added": "0.4.0",
+                        "type": "integer",
+                        "example": "5",
+                        "default": "10",
+                    },
                     "sagemaker_instance_type": {
                         "description": "Training instance of jobs that name neither gpu_type nor instance_types. "
                         "Empty: "

@@ -18,6 +18,7 @@ from gpu_provider.backends.base import (
     JobStatus,
     LogChunk,
     OwnedJob,
+    OwnerRead,
     PollResult,
     TaskKey,
     lookup_key,
@@ -34,6 +35,7 @@ class ScriptedBackend(Backend):
     polls: ClassVar[list[int]] = []
     cancels: ClassVar[list[tuple[str, str]]] = []
     marks: ClassVar[list[tuple[str, int | None, bool]]] = []
+    owner_reads: ClassVar[list[str]] = []
     log_lines: ClassVar[dict[str, list[str]]] = {}
     #: the jobs ``lookup`` finds (a test adds the handles it wants found)
     handles: ClassVar[dict[str, JobHandle]] = {}
@@ -53,6 +55,15 @@ class ScriptedBackend(Backend):
             ScriptedBackend.poll_gate.wait()
         ScriptedBackend.polls.append(len(handles))
         return {h.job_id: self.table[h.job_id] for h in handles}
+
+    def read_owner(self, handle: JobHandle) -> OwnerRead:
+        if ScriptedBackend.poll_gate is not None:
+            ScriptedBackend.poll_gate.wait()
+        ScriptedBackend.owner_reads.append(handle.job_id)
+        entry = self.table[handle.job_id]
+        if isinstance(entry, GpuJobStatusError):
+            raise entry
+        return OwnerRead(owner_try=entry.owner_try)
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
         ScriptedBackend.cancels.append((handle.job_id, reason))
@@ -98,7 +109,7 @@ def scripted() -> Iterator[type[ScriptedBackend]]:
     register_backend("scripted", f"{__name__}.ScriptedBackend")
     for table in (ScriptedBackend.table, ScriptedBackend.log_lines, ScriptedBackend.handles):
         table.clear()
-    for log in (ScriptedBackend.polls, ScriptedBackend.cancels, ScriptedBackend.marks):
+    for log in (ScriptedBackend.polls, ScriptedBackend.cancels, ScriptedBackend.marks, ScriptedBackend.owner_reads):
         log.clear()
     ScriptedBackend.fail_cancel = ScriptedBackend.fail_logs = 0
     ScriptedBackend.poll_gate = None

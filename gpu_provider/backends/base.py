@@ -338,6 +338,22 @@ class OwnedJob:
 
 
 @dataclass(frozen=True)
+class OwnerRead:
+    """Who owns an attempt, read from the service at one moment, with no cache (:meth:`Backend.read_owner`)."""
+
+    owner_try: int | None
+    """The Airflow try marked on the job as its owner (:meth:`Backend.mark`), else the try that
+    submitted it; ``None`` when the job carries neither (not submitted by this provider)."""
+    exists: bool = True
+    """``False``: the service no longer knows the job (nothing left to stop or to take over)."""
+
+    def later_than(self, try_number: int | None) -> bool:
+        """Whether a later Airflow try than ``try_number`` owns the job (then ``try_number`` is a zombie
+        that must not cancel it, resubmit after it, or take it over)."""
+        return self.owner_try is not None and try_number is not None and self.owner_try > try_number
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What a backend can run, declared once: :meth:`Backend.validate`, the README and the example
     DAG read it instead of each backend repeating the same checks."""
@@ -474,6 +490,20 @@ class Backend(ABC):
             be understood. A job the service no longer knows is a terminal status with
             ``interruption="lost"``, never a missing entry. Only a failure of the whole call (the
             service unreachable, throttled) raises.
+        """
+
+    @abstractmethod
+    def read_owner(self, handle: JobHandle) -> OwnerRead:
+        """The try that owns an attempt, read from the service now: never from a cache.
+
+        Everything destructive asks this first: ``on_kill`` (worker and trigger), the engine's
+        cancels (capacity timeout, restart limit, queue timeout, deadline, budget, duplicates), a
+        resubmission after an interruption, and a try taking an attempt over. :meth:`poll` may
+        answer from caches (it serves watching); this must not, so that a zombie try sees at once
+        that its successor marked the job (:meth:`mark`). One service call is expected (a tag or
+        label read, a describe); a job the service no longer knows is ``OwnerRead(None, exists=False)``.
+        Any failure to read raises: the caller decides what missing evidence means. From a signal
+        handler it is called in a separate thread with a time limit (it may block on a connection).
         """
 
     @abstractmethod

@@ -112,3 +112,16 @@ def run_bounded(what: str, fn: Callable[[], None], *, timeout: float = CANCEL_WA
     error = outcome[0]
     if error is not None:
         raise error
+
+
+def keep_bounded(cache: dict[Any, Any], key: Any, value: Any, *, limit: int) -> None:
+    """``cache[key] = value``, then forget the oldest entries past ``limit``: a backend object may live
+    as long as its process (a triggerer's poller, a long-lived worker), so no cache of it grows without end.
+    Plain dict operations, no lock (callers may run in a signal handler)."""
+    cache.pop(key, None)
+    cache[key] = value  # newest last
+    while len(cache) > limit:
+        try:
+            cache.pop(next(iter(cache)))
+        except (StopIteration, KeyError, RuntimeError):  # emptied or changed meanwhile: bounded all the same
+            return

@@ -75,6 +75,7 @@ from gpu_provider.backends.base import (
     JobStatus,
     LogChunk,
     OwnedJob,
+    OwnerRead,
     PollResult,
     TaskKey,
     lookup_key,
@@ -780,6 +781,20 @@ class LocalBackend(Backend):
             job_dir / common.PREEMPT_FILE,
             {"reason": "simulated spot interruption (LocalBackend.simulate_preemption)", "at": time.time()},
         )
+
+    def read_owner(self, handle: JobHandle) -> OwnerRead:
+        """The owner read from the job's folder now (``mark.json``, else the try in ``request.json``)."""
+        job_dir = self._job_dir(handle)
+        self._elsewhere(handle, job_dir)  # raises when this machine cannot see the job's folder
+        request = common.read_json(job_dir / common.REQUEST_FILE)
+        if request is None:
+            if os.path.lexists(job_dir):
+                raise GpuJobError(f"{job_dir / common.REQUEST_FILE} is missing or not valid JSON")
+            return OwnerRead(owner_try=None, exists=False)
+        owner = (common.read_json(job_dir / common.MARK_FILE) or {}).get("owner_try")
+        if owner is None:
+            owner = (request.get("identity") or {}).get("try_number")
+        return OwnerRead(owner_try=int(owner) if owner is not None else None)
 
     def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:
         """Record in the job's folder (``mark.json``, written atomically) the try that owns it, and

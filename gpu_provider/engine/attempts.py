@@ -17,7 +17,9 @@ The rules, in one place:
   spot) counts as a spot reclaim too, and once the policy would move on (``restart_limit``) the
   attempt is stopped and the policy's next attempt runs; a job's own failure goes to Airflow's retries; a deliberate
   stop (cancelled, budget spent) is final, Airflow does not retry it;
-- only the try that owns an attempt may cancel it or submit its successor.
+- only the try that owns an attempt may cancel it or submit its successor; the runner reads the
+  owner from the service at that moment (``Backend.read_owner``), never from a poll's cache, and a
+  try that finds a later owner stands down (``docs/explanations/ownership.md``).
 """
 
 from __future__ import annotations

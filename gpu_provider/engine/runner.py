@@ -11,13 +11,21 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from gpu_provider import names
-from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
-from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Wait, describe
+from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, OwnerRead, TaskKey
+from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Wait, describe
 from gpu_provider.engine.logs import LogForwarder
-from gpu_provider.engine.watch import BUDGET, CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, RESTART_LIMIT, AttemptWatch
+from gpu_provider.engine.watch import (
+    BUDGET,
+    CAPACITY_TIMEOUT,
+    DEADLINE,
+    ENDED,
+    QUEUE_TIMEOUT,
+    RESTART_LIMIT,
+    AttemptWatch,
+)
 from gpu_provider.exceptions import (
     GpuJobBudgetError,
     GpuJobCancelledError,
@@ -64,6 +72,28 @@ def poll_one(backend: Backend, handle: JobHandle, *, timeout: float | None = Non
         return _status_of(backend, handle)
     found: list[JobStatus | None] = []
     reader = threading.Thread(target=lambda: found.append(_status_of(backend, handle)), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return found[0] if found else None
+
+
+def read_owner(backend: Backend, handle: JobHandle, *, timeout: float | None = None) -> OwnerRead | None:
+    """Who owns an attempt, read from the service now (:meth:`Backend.read_owner`, no cache), or
+    ``None`` when it cannot be read (in time).
+
+    :param timeout: read in a separate thread and give up after this many seconds (from a signal handler)
+    """
+
+    def read() -> OwnerRead | None:
+        try:
+            return backend.read_owner(handle)
+        except Exception:
+            return None
+
+    if timeout is None:
+        return read()
+    found: list[OwnerRead | None] = []
+    reader = threading.Thread(target=lambda: found.append(read()), daemon=True)
     reader.start()
     reader.join(timeout)
     return found[0] if found else None
@@ -119,6 +149,8 @@ class AttemptRunner:
         self.queue_timeout_s = queue_timeout
         self.execution_timeout = execution_timeout
         self.cancel_retry_s = cancel_retry_s
+        #: why the last owner read failed (for messages)
+        self.owner_error = ""
 
     def persist(self) -> None:
         self._persist(self.engine.records)
@@ -141,6 +173,9 @@ class AttemptRunner:
     def cancel_duplicates(self, stored: set[str]) -> None:
         """Two live attempts of one task instance (a re-sent submit, a zombie try): keep one, cancel the rest."""
         for extra in self.engine.duplicates(stored):
+            if self.owned_later(extra):
+                self.log.warning("Leaving %s alone: Airflow try %s owns it.", self.where(extra), extra.owner_try)
+                continue
             reason = f"duplicate attempt of {self.label}; another attempt of the task is kept"
             self.log.warning("Found a second live attempt, %s: cancelling it.", self.where(extra))
             if self.cancel(extra, reason):
@@ -148,8 +183,62 @@ class AttemptRunner:
                 extra.collected = True
         self.persist()
 
+    # --- ownership, read fresh before anything destructive ----------------------------------------
+    def owned_later(self, record: AttemptRecord) -> bool | None:
+        """Whether a later Airflow try owns ``record``'s job, read from the service now
+        (:meth:`Backend.read_owner`); ``None`` when that cannot be read. A later owner is kept in the record."""
+        try:
+            read = self.backend.read_owner(record.handle)
+        except Exception as err:
+            self.owner_error = f"{type(err).__name__}: {err}"
+            self.log.warning("Could not read who owns %s now: %s", self.where(record), self.owner_error)
+            return None
+        if read.later_than(self.engine.try_number):
+            record.owner_try = read.owner_try
+            return True
+        return False
+
+    def stand_down(self, record: AttemptRecord) -> NoReturn:
+        """A later try owns ``record``: this try (a zombie Airflow replaced) stops, touching nothing
+        (no cancel, no resubmission, no write to the task state store its successor uses)."""
+        raise GpuJobCancelledError(
+            f"{self.where(record)} is now owned by Airflow try {record.owner_try}, which took it over; this try "
+            f"({self.engine.try_number}) stops without touching it."
+        )
+
+    def check_submit(self, step: Submit) -> None:
+        """Before a resubmission (``step`` follows an attempt that ended): the attempt it replaces must
+        not belong to a later try, read now. A later try owns it: stand down. Unreadable while this try
+        owns that attempt (the case of a zombie): submit nothing on a guess. Unreadable while an earlier
+        try owned it (a retry resuming, e.g. on a worker that cannot see another machine's local job):
+        this try is the newest known, and goes on."""
+        current = self.engine.current
+        if not current:
+            return
+        previous = current[-1]
+        owned = self.owned_later(previous)
+        if owned:
+            self.stand_down(previous)
+        if owned is None and previous.owner_try is not None and previous.owner_try >= self.engine.try_number:
+            raise GpuJobPollError(
+                f"could not read who owns {self.where(previous)} before submitting attempt {step.attempt} "
+                f"({self.owner_error}); nothing was submitted on a guess. A retry of this task will look again."
+            )
+
     def take_over(self, record: AttemptRecord) -> None:
-        """This try owns ``record`` from now on: a zombie earlier try must not cancel it or resubmit."""
+        """This try owns ``record`` from now on: a zombie earlier try must not cancel it or resubmit.
+
+        The owner is read fresh first: when a later try owns the job already, this try is the zombie
+        and stands down; when it cannot be read, nothing is taken over on a guess (the try fails and
+        a retry looks again)."""
+        owned = self.owned_later(record)
+        if owned:
+            self.stand_down(record)
+        if owned is None:
+            raise GpuJobPollError(
+                f"could not read who owns {self.where(record)} ({self.owner_error}), so this try did not take it "
+                "over. The job may still be running: a retry of this task will look again."
+            )
         record.owner_try = self.engine.try_number
         try:
             self.backend.mark(record.handle, owner_try=self.engine.try_number)
@@ -197,6 +286,16 @@ class AttemptRunner:
     def after_wait(self, record: AttemptRecord, status: JobStatus, outcome: str) -> Step:
         """What a wait's outcome means: an ended job goes to the engine; a timeout cancels the job first."""
         engine = self.engine
+        if outcome != ENDED:  # each of these stops the job: only its owner may, read now
+            owned = self.owned_later(record)
+            if owned:
+                self.stand_down(record)
+            if owned is None and outcome in (CAPACITY_TIMEOUT, RESTART_LIMIT):
+                # a new attempt would follow the stop: nothing on a guess; look again after a pause
+                self.stop.wait(self.cancel_retry_s)
+                return Wait(record)
+            # unreadable before a stop that ends this try (queue timeout, deadline, budget): the try
+            # stops it as its owner, as on_kill does, rather than leave it billing for nobody
         if outcome == CAPACITY_TIMEOUT:
             # the sample may be stale (the trigger fired, then the task waited for a slot): look again
             fresh = poll_one(self.backend, record.handle)

@@ -30,7 +30,7 @@ from gpu_provider.backends.base import (
 )
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
-from gpu_provider.engine.runner import AttemptRunner, poll_one, recover
+from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
 from gpu_provider.engine.watch import BUDGET, CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, RESTART_LIMIT
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
 from gpu_provider.job import is_templated, to_bool, validate_checkpoint_uri
@@ -369,6 +369,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                     self._stop.wait(step.delay)
                 if self._stop.is_set():
                     raise GpuJobCancelledError("this task was killed before it could submit its next attempt.")
+                runner.check_submit(step)  # the attempt it follows is still this try's, read now
                 engine.before_submit(step)
                 step = Wait(self._submit(context, plan, runner, step))
                 continue
@@ -395,6 +396,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 task_label=self._task_label(),
                 restart_limit=runner.restart_limit(record),
                 cost_limit=runner.cost_limit(record),
+                try_number=plan.try_number,
             ),
             method_name="execute_complete",
             kwargs={"records": dump_records(runner.engine.records), "deadline": deadline},
@@ -512,8 +514,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         code may hold: the owner is read in a separate thread for at most ``ON_KILL_OWNER_READ_S``
         (Airflow sends SIGKILL a few seconds after SIGTERM), and backends cancel the same way. It
         leaves the job alone only when the job says a later try owns it (Airflow replaced this try
-        and the new one reattached); when that cannot be read in time, it cancels: a job nobody
-        watches must not keep billing.
+        and the new one reattached), read from the service at that moment (:meth:`Backend.read_owner`,
+        never a poll's cache); when that cannot be read in time, it cancels: a job nobody watches
+        must not keep billing.
         """
         self._stop.set()
         handle = self._handle
@@ -521,14 +524,15 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             return
         try:
             backend = self._backend or resolve_backend(self.backend)
-            status = poll_one(backend, handle, timeout=ON_KILL_OWNER_READ_S)
+            # read from the service now, never from a poll's cache: the successor may have marked it a moment ago
+            owner = read_owner(backend, handle, timeout=ON_KILL_OWNER_READ_S)
             mine = self._try_number
-            if status is not None and status.owner_try is not None and mine is not None and status.owner_try > mine:
+            if owner is not None and owner.later_than(mine):
                 self.log.info(
-                    "Not cancelling %s job %s on kill: Airflow try %d owns it now (this is try %d).",
+                    "Not cancelling %s job %s on kill: Airflow try %s owns it now (this is try %s).",
                     backend.name,
                     handle.job_id,
-                    status.owner_try,
+                    owner.owner_try,
                     mine,
                 )
                 return

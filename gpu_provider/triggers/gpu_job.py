@@ -21,6 +21,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, resolve_backend
+from gpu_provider.engine.runner import read_owner
 from gpu_provider.engine.watch import (
     BUDGET,
     CAPACITY_TIMEOUT,
@@ -148,6 +149,7 @@ class GpuJobTrigger(BaseTrigger):
         ``restart_limit`` so the task stops the attempt and the policy's next one runs (None: never).
     :param cost_limit: the attempt's running budget (``usd_per_gpu_second``, ``remaining_usd``, ...): the
         trigger fires ``budget`` once the job's GPU-seconds cost that much, and the task stops the job.
+    :param try_number: the Airflow try that deferred; a kill leaves the job alone when a later try owns it.
     """
 
     def __init__(
@@ -163,6 +165,7 @@ class GpuJobTrigger(BaseTrigger):
         task_label: str | None = None,
         restart_limit: int | None = None,
         cost_limit: dict[str, float] | None = None,
+        try_number: int | None = None,
         **_newer: Any,
     ) -> None:
         # ``_newer``: arguments a newer provider version added; a triggerer one version behind still runs it
@@ -177,6 +180,7 @@ class GpuJobTrigger(BaseTrigger):
         self.task_label = task_label
         self.restart_limit = None if restart_limit is None else int(restart_limit)
         self.cost_limit = dict(cost_limit) if cost_limit else None
+        self.try_number = None if try_number is None else int(try_number)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -192,6 +196,7 @@ class GpuJobTrigger(BaseTrigger):
                 "task_label": self.task_label,
                 "restart_limit": self.restart_limit,
                 "cost_limit": self.cost_limit,
+                "try_number": self.try_number,
             },
         )
 
@@ -272,8 +277,20 @@ class GpuJobTrigger(BaseTrigger):
         return f"{backend.name} job {handle.job_id} was still running when the task's execution_timeout ran out"
 
     async def on_kill(self) -> None:
-        """The deferred task was killed by a user: cancel the job so it stops billing."""
+        """The deferred task was killed by a user: cancel the job so it stops billing, unless a later
+        Airflow try owns it now (read from the service at this moment, :meth:`Backend.read_owner`).
+        When the owner cannot be read, it cancels: a job nobody watches must not keep billing."""
         backend = resolve_backend(self.backend)
         handle = JobHandle.from_dict(self.handle)
+        owner = await asyncio.to_thread(read_owner, backend, handle)
+        if owner is not None and owner.later_than(self.try_number):
+            self.log.info(
+                "Not cancelling %s job %s on kill: Airflow try %s owns it now (this trigger is try %s's).",
+                backend.name,
+                handle.job_id,
+                owner.owner_try,
+                self.try_number,
+            )
+            return
         who = self.task_label or f"Airflow task of job {handle.name}"
         await asyncio.to_thread(backend.cancel, handle, f"{who} was killed while deferred")

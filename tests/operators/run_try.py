@@ -8,12 +8,15 @@ kept in a JSON file (shared by the tries, like Airflow's), and SIGTERM calls ``o
 Airflow's task runner does.
 
 Usage: run_try.py SPEC_JSON OUT_JSON — the spec gives state_dir, command, try_number, store,
-run_id and poll_interval.
+run_id and poll_interval; optionally ``backend`` (a backend in mapping form, ``Backend.spec()``,
+instead of the local backend on ``state_dir``) and ``image``. It writes ``OUT_JSON.pid-ready`` once
+the SIGTERM handler is in place.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import traceback
@@ -56,15 +59,18 @@ def main() -> None:
     from gpu_provider.backends.local import LocalBackend
     from gpu_provider.operators import GpuJobOperator
 
+    backend = spec.get("backend") or LocalBackend(state_dir=spec["state_dir"], grace_period=1)
     op = GpuJobOperator(
         task_id="job",
-        backend=LocalBackend(state_dir=spec["state_dir"], grace_period=1),
+        backend=backend,
         command=spec["command"],
+        image=spec.get("image"),
         poll_interval=spec["poll_interval"],
         deferrable=False,
     )
     context = {"ti": TryInstance(spec), "task_state_store": FileStore(Path(spec["store"]))}
     signal.signal(signal.SIGTERM, lambda *_: op.on_kill())
+    out.with_name(out.name + ".pid-ready").write_text(str(os.getpid()))
     try:
         result = {"state": "success", "xcom": op.execute(context)}  # type: ignore[arg-type]
     except BaseException as err:

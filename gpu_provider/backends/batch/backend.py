@@ -50,6 +50,7 @@ from gpu_provider.backends.base import (
     JobStatus,
     LogChunk,
     OwnedJob,
+    OwnerRead,
     PollResult,
     TaskKey,
     _slug,
@@ -74,7 +75,7 @@ from gpu_provider.backends.batch.mapping import (
     unrunnable,
     unrunnable_reason,
 )
-from gpu_provider.backends.common import run_bounded, text_option
+from gpu_provider.backends.common import keep_bounded, run_bounded, text_option
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 
@@ -85,6 +86,8 @@ log = logging.getLogger(__name__)
 
 #: most job ids per DescribeJobs call (a Batch limit)
 DESCRIBE_BATCH = 100
+#: job definitions whose ARN a backend object remembers (newest kept; one per task and content)
+DEFINITIONS_KEPT = 256
 #: Batch states of jobs that have not ended (what :meth:`BatchBackend.list_owned` lists)
 ACTIVE_BATCH_STATES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING")
 #: a job DescribeJobs does not return this long after its submission is lost (before: not visible yet)
@@ -372,7 +375,7 @@ class BatchBackend(Backend):
             registered = call("RegisterJobDefinition", lambda: client.register_job_definition(**body))
             arn = str(registered["jobDefinitionArn"])
             log.info("Registered Batch job definition %s.", arn)
-        self._definitions[name] = arn
+        keep_bounded(self._definitions, name, arn, limit=DEFINITIONS_KEPT)
         return arn
 
     # --- the contract --------------------------------------------------------------------------
@@ -645,6 +648,15 @@ class BatchBackend(Backend):
             owner_try=int(owner) if owner.isdigit() else None,
             collected=str(tags.get(names.TAG_COLLECTED) or "").lower() == "true",
         )
+
+    def read_owner(self, handle: JobHandle) -> OwnerRead:
+        """DescribeJobs of this one job now: its owner-try tag (Batch returns a job's tags with it)."""
+        for job in self._describe([handle.job_id], attempts=PATIENT_ATTEMPTS):
+            if str(job.get("jobId")) == handle.job_id:
+                tags = job.get("tags") or {}
+                owner = str(tags.get(names.TAG_OWNER_TRY) or tags.get(names.TAG_TRY_NUMBER) or "")
+                return OwnerRead(owner_try=int(owner) if owner.isdigit() else None)
+        return OwnerRead(owner_try=None, exists=False)
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
         """TerminateJob with ``reason``; from a SIGTERM handler too (see :func:`~.common.run_bounded`)."""

@@ -34,6 +34,7 @@ from gpu_provider.backends.base import (
     JobStatus,
     LogChunk,
     OwnedJob,
+    OwnerRead,
     PollResult,
     TaskKey,
     clip_line,
@@ -600,6 +601,16 @@ class KubernetesBackend(Backend):
         return sorted(found, key=lambda e: str(e.get("lastTimestamp") or ""))
 
     # --- cancel and marks ---------------------------------------------------------------------------
+
+    def read_owner(self, handle: JobHandle) -> OwnerRead:
+        """GET the attempt's Pod or Job by name now: its owner-try label (never a listing poll kept)."""
+        kind = str(handle.extra.get("kind") or POD)
+        obj = self._get(kind, handle.name)
+        if obj is None:
+            return OwnerRead(owner_try=None, exists=False)
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        owner = str(labels.get(names.TAG_OWNER_TRY) or labels.get(names.TAG_TRY_NUMBER) or "")
+        return OwnerRead(owner_try=int(owner) if owner.isdigit() else None)
 
     def cancel(self, handle: JobHandle, reason: str) -> None:
         """Delete the Pod, or the Job with its pods and Service (foreground), leaving an Event with the reason."""

@@ -49,6 +49,7 @@ from gpu_provider.backends.base import (
     JobStatus,
     LogChunk,
     OwnedJob,
+    OwnerRead,
     PollResult,
     TaskKey,
     lookup_key,
@@ -58,6 +59,7 @@ from gpu_provider.backends.base import (
 )
 from gpu_provider.backends.common import list_option, run_bounded, text_option
 from gpu_provider.backends.sagemaker import mapping
+from gpu_provider.backends.sagemaker.cache import FULL_DESCRIBE_EVERY, JobCache
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 from gpu_provider.runtime.secrets import check_refs
@@ -157,6 +159,9 @@ class SageMakerBackend(Backend):
     :param multi_node_entry: wrap multi-node commands in a ``/bin/sh`` entry that sets ``NODE_RANK`` and
         ``MASTER_ADDR`` from SageMaker's ``resourceconfig.json`` (default true). Turn off if the image
         has no ``/bin/sh`` and the job normalises them itself (``gpu_provider.runtime.launch``).
+    :param full_describe_every: a batched poll describes every running managed-spot job in full at
+        least every this many ticks, whether or not ListTrainingJobs lists it as modified, so a spot
+        interruption is seen within that bound [``sagemaker_full_describe_every``, default 10].
     """
 
     name: ClassVar[str] = "sagemaker"
@@ -211,6 +216,7 @@ class SageMakerBackend(Backend):
         secrets: Mapping[str, str] | str | None = None,
         master_port: int | str = DEFAULT_MASTER_PORT,
         multi_node_entry: bool | str = True,
+        full_describe_every: int | str | None = None,
     ) -> None:
         self.role_arn = text_option("role_arn", role_arn, config_key="sagemaker_role_arn")
         if self.role_arn and not _ROLE_ARN.fullmatch(self.role_arn):
@@ -258,10 +264,25 @@ class SageMakerBackend(Backend):
         self.master_port = port
         self.multi_node_entry = to_bool("multi_node_entry", multi_node_entry)
 
+        self._full_describe_every_arg = full_describe_every
+        every = full_describe_every
+        if every is None or every == "":
+            every = provider_config("sagemaker_full_describe_every") or FULL_DESCRIBE_EVERY
+        try:
+            ticks = int(str(every).strip())
+        except ValueError:
+            ticks = 0
+        if ticks < 1:
+            raise ValueError(
+                f"full_describe_every={every!r} (or [gpu_provider] sagemaker_full_describe_every) must be a whole "
+                "number of poll ticks, 1 or more"
+            )
+        self.full_describe_every = ticks
+
         self._clients = Clients(self.aws_conn_id or "aws_default", self.region_name, main_service="sagemaker")
-        # what the last reads saw, per job name: (LastModifiedTime, DescribeTrainingJob answer, tags).
-        # Plain dict reads and writes (atomic), no lock: cancel() runs in a signal handler.
-        self._seen: dict[str, tuple[float | None, dict[str, Any], dict[str, str]]] = {}
+        # what the polls saw, per job name, for polling only (bounded; see the cache module). Plain dict
+        # reads and writes, no lock: cancel() runs in a signal handler.
+        self._seen = JobCache(full_describe_every=ticks)
         self._listed_at: float | None = None
 
     # --- options --------------------------------------------------------------------------------
@@ -280,6 +301,7 @@ class SageMakerBackend(Backend):
             "secrets": dict(self.secrets) or None,
             "master_port": self.master_port,
             "multi_node_entry": self.multi_node_entry,
+            "full_describe_every": self._full_describe_every_arg,
         }
         return {k: v for k, v in opts.items() if v is not None}
 
@@ -542,7 +564,7 @@ class SageMakerBackend(Backend):
         name = str(job["TrainingJobName"])
         seen = self._seen.get(name)
         if seen is not None and not refresh:
-            return seen[2]
+            return seen.tags
         client = self._client()
         arn = str(job["TrainingJobArn"])
         tags: list[dict[str, Any]] = []
@@ -577,26 +599,38 @@ class SageMakerBackend(Backend):
             if not token:
                 return summaries
 
-    def _read(self, name: str) -> tuple[dict[str, Any], dict[str, str]] | None:
-        """Describe a job and read its tags (kept until the job changes)."""
+    def _read(self, name: str, *, cached: bool = False) -> tuple[dict[str, Any], dict[str, str]] | None:
+        """Describe a job and read its tags.
+
+        :param cached: a poll's read: the tags the cache holds serve while ``TrainingJobStatus`` is
+            unchanged, and what was read is kept for the next poll. Otherwise both are read now and
+            nothing is kept (lookups, the reaper's listing: no poll evicts what they would leave).
+        """
         job = self._describe_job(name)
         if job is None:
-            self._seen.pop(name, None)
+            self._seen.pop(name)
             return None
-        previous = self._seen.get(name)
+        previous = self._seen.get(name) if cached else None
         tags = (
-            previous[2]
-            if previous is not None and previous[1].get("TrainingJobStatus") == job.get("TrainingJobStatus")
+            previous.tags
+            if previous is not None and previous.job.get("TrainingJobStatus") == job.get("TrainingJobStatus")
             else self._tags(job, refresh=True)
         )
-        self._seen[name] = (mapping.seconds(job.get("LastModifiedTime")), job, tags)
+        if cached:
+            self._seen.put(name, mapping.seconds(job.get("LastModifiedTime")), job, tags)
         return job, tags
 
     def poll(self, handles: Sequence[JobHandle]) -> PollResult:
         """Statuses of many jobs: one ListTrainingJobs (by name prefix, modified since the last list) per
         call, and DescribeTrainingJob (with ListTags when the status changed) only for jobs that changed
-        or were never read. Up to :data:`DESCRIBE_EACH_UP_TO` jobs are described directly."""
+        or were never read, and for every active managed-spot job not described in the last
+        ``full_describe_every`` calls (so an interruption is seen within that bound even if SageMaker
+        did not move its ``LastModifiedTime``). Up to :data:`DESCRIBE_EACH_UP_TO` jobs are described
+        directly. Each call is a tick of the cache: jobs no call asked about for a few ticks are forgotten."""
         by_name = {h.job_id: h for h in handles}
+        self._seen.next_tick()
+        for name in by_name:
+            self._seen.ask(name)
         changed: set[str]
         if len(by_name) <= DESCRIBE_EACH_UP_TO:
             changed = set(by_name)
@@ -616,16 +650,13 @@ class SageMakerBackend(Backend):
             changed = set()
             for name in by_name:
                 seen = self._seen.get(name)
-                if seen is None or (name in listed and listed[name] != seen[0]):
+                if seen is None or (name in listed and listed[name] != seen.modified) or self._seen.due(name):
                     changed.add(name)
         now = time.time()
         result: PollResult = {}
         for name, handle in by_name.items():
-            if name in changed:
-                read = self._read(name)
-            else:
-                seen = self._seen[name]
-                read = (seen[1], seen[2])
+            seen = None if name in changed else self._seen.get(name)
+            read = self._read(name, cached=True) if seen is None else (seen.job, seen.tags)
             if read is None:
                 result[name] = self._missing(handle, now)
                 continue
@@ -664,6 +695,13 @@ class SageMakerBackend(Backend):
         if state is JobState.FAILED:
             code = mapping.exit_code(failure)
             reason = failure or last_message or "no reason given"
+            interruption = mapping.failure_interruption(failure)
+            if interruption == names.CAPACITY_TIMEOUT:
+                instance = (job.get("ResourceConfig") or {}).get("InstanceType")
+                reason = (
+                    f"SageMaker could not provision {handle.capacity} {instance} capacity ({failure}): a capacity "
+                    "problem, not the job's own error"
+                )
             if secondary == mapping.MAX_RUNTIME_EXCEEDED:
                 limit = (job.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
                 reason = f"{last_message or secondary}: the job ran past max_runtime (MaxRuntimeInSeconds={limit})"
@@ -729,6 +767,25 @@ class SageMakerBackend(Backend):
             collected=str(tags.get(names.TAG_COLLECTED) or "").lower() == "true",
         )
 
+    def read_owner(self, handle: JobHandle) -> OwnerRead:
+        """ListTags on the job now (DescribeTrainingJob first when the handle lacks its ARN); never the
+        tags :meth:`poll` keeps, which stay as they were while ``TrainingJobStatus`` does not change."""
+        arn = str(handle.extra.get("job_arn") or "")
+        if not arn:
+            job = self._describe_job(handle.job_id, attempts=PATIENT_ATTEMPTS)
+            if job is None:
+                return OwnerRead(owner_try=None, exists=False)
+            arn = str(job["TrainingJobArn"])
+        try:
+            tags = self._tags({"TrainingJobName": handle.job_id, "TrainingJobArn": arn}, refresh=True)
+        except Exception as err:
+            if _not_found(err):
+                return OwnerRead(owner_try=None, exists=False)
+            raise
+        self._seen.set_tags(handle.job_id, tags)  # what was read fresh serves the next poll too
+        owner = str(tags.get(names.TAG_OWNER_TRY) or tags.get(names.TAG_TRY_NUMBER) or "")
+        return OwnerRead(owner_try=int(owner) if owner.isdigit() else None)
+
     def cancel(self, handle: JobHandle, reason: str) -> None:
         """Tag the job with the reason, then StopTrainingJob; from a SIGTERM handler too (bounded wait)."""
         run_bounded(f"StopTrainingJob {handle.job_id}", lambda: self._stop(handle, reason))
@@ -778,7 +835,7 @@ class SageMakerBackend(Backend):
         )
         seen = self._seen.get(handle.job_id)
         if seen is not None:  # the next poll reports the mark without reading the tags again
-            self._seen[handle.job_id] = (seen[0], seen[1], {**seen[2], **tags})
+            self._seen.set_tags(handle.job_id, {**seen.tags, **tags})
 
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt of the task instance: ListTrainingJobs by the name prefix, tags checked."""

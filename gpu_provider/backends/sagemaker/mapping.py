@@ -26,6 +26,13 @@ Stopped/Interrupted, Failed/Interrupted                         PREEMPTED    end
 
 Any other pair is an error naming it (:func:`~gpu_provider.backends.base.map_state`).
 
+**Failure reasons** (:data:`FAILURE_REASONS`): a ``Failed`` job's ``FailureReason`` prefix says whose
+fault it was. ``CapacityError:`` (SageMaker could not provision the instances) is a capacity
+problem, an interruption the capacity policy absorbs like a spot wait that ran out
+(``capacity_timeout``), not the job's own error; any other reason is the job's failure, which goes
+to Airflow's retries. :data:`INTERRUPTIONS` names the state pairs that are interruptions by
+themselves. Each row of the three tables is a test (``tests/backends/faults/test_classification_sagemaker.py``).
+
 A restart inside the job is counted from ``SecondaryStatusTransitions``: every ``Interrupted``
 transition is one spot reclaim SageMaker absorbed (:func:`restarts`).
 
@@ -40,6 +47,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
+from gpu_provider import names
 from gpu_provider.backends.base import JobState
 
 _Q, _S, _R = JobState.QUEUED, JobState.STARTING, JobState.RUNNING
@@ -73,6 +81,42 @@ STATE_TABLE: dict[str, JobState] = {
     "Stopped/Interrupted": JobState.PREEMPTED,
     "Failed/Interrupted": JobState.PREEMPTED,
 }
+
+#: state pairs that end an attempt without the job's fault, and which interruption each is
+INTERRUPTIONS: dict[str, str] = {
+    "Stopped/MaxWaitTimeExceeded": names.CAPACITY_TIMEOUT,
+    "Failed/MaxWaitTimeExceeded": names.CAPACITY_TIMEOUT,
+    "Stopped/Interrupted": names.PREEMPTED,
+    "Failed/Interrupted": names.PREEMPTED,
+}
+
+#: ``FailureReason`` prefix of a ``Failed`` job -> (the interruption it is, ``None``: the job's own
+#: error; an example of SageMaker's own words). The first matching prefix wins; no match: the job's error.
+FAILURE_REASONS: dict[str, tuple[str | None, str]] = {
+    "CapacityError:": (
+        names.CAPACITY_TIMEOUT,
+        "CapacityError: Unable to provision requested ML compute capacity. Please retry using a different ML "
+        "instance type.",
+    ),
+    "AlgorithmError:": (None, 'AlgorithmError: ExecuteUserScriptError:\nExitCode 1\nErrorMessage ""\n, exit code: 1'),
+    "ClientError:": (
+        None,
+        "ClientError: Please ensure that the image is accessible and that the role has permission to pull it.",
+    ),
+    # a service fault, but not one a change of capacity helps: Airflow's retries run it again
+    "InternalServerError:": (None, "InternalServerError: We encountered an internal error. Please try again."),
+}
+
+
+def failure_interruption(reason: str) -> str | None:
+    """The interruption a ``Failed`` job's ``FailureReason`` names (:data:`FAILURE_REASONS`); ``None``: the
+    job's own error."""
+    text = reason.lstrip()
+    for prefix, (kind, _) in FAILURE_REASONS.items():
+        if text.startswith(prefix):
+            return kind
+    return None
+
 
 #: the secondary status of a managed-spot reclaim that SageMaker restarts from (counted as a restart)
 INTERRUPTED = "Interrupted"

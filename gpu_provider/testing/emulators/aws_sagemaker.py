@@ -38,7 +38,9 @@ CloudWatch Logs to moto:
   (no capacity: jobs wait in Starting), :meth:`~SageMakerEmulator.interrupt` and
   :meth:`~SageMakerEmulator.interrupt_after` (a managed-spot reclaim: the hosts are stopped, the
   checkpoints synced, an ``Interrupted`` transition added, and the job restarts from Starting, as
-  SageMaker does), :meth:`~SageMakerEmulator.fail`, :meth:`~SageMakerEmulator.forget`,
+  SageMaker does), :meth:`~SageMakerEmulator.fail` (Failed with a given ``FailureReason``, e.g. ``CapacityError: ...``),
+  :meth:`~SageMakerEmulator.forget`, :meth:`~SageMakerEmulator.modified_with_status_only` (``LastModifiedTime``
+  moves only with ``TrainingJobStatus``),
   :meth:`~SageMakerEmulator.report_status`, and the core's throttling and lost responses.
 
 Command line, for ``make demo``::
@@ -151,6 +153,7 @@ class SageMakerEmulator(JobRunner):
         self._interrupt_rules: list[dict[str, Any]] = []
         self._s3: Any = None
         self._wait_clock = 1.0
+        self._status_only_modified = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -271,6 +274,17 @@ class SageMakerEmulator(JobRunner):
             self._wait_clock = float(factor)
         self._nudge_waiting()
 
+    def modified_with_status_only(self, on: bool = True) -> None:
+        """While on, ``LastModifiedTime`` (DescribeTrainingJob, ListTrainingJobs and its
+        ``LastModifiedTimeAfter`` filter) moves only when ``TrainingJobStatus`` changes, not with
+        ``SecondaryStatus`` alone (an ``Interrupted`` inside ``InProgress``): AWS does not document
+        which it does, so a client must work either way."""
+        with self._lock:
+            self._status_only_modified = bool(on)
+
+    def _modified(self, job: TrainingJob) -> float:
+        return job.status_modified if self._status_only_modified else job.last_modified
+
     def fail(self, name: str, reason: str) -> None:
         """End a job Failed now with ``reason`` as its FailureReason (an internal error, say)."""
         job = self._job(name)
@@ -321,6 +335,7 @@ class SageMakerEmulator(JobRunner):
             self._reported.clear()
             self._interrupt_rules.clear()
             self._wait_clock = 1.0
+            self._status_only_modified = False
         self._nudge_waiting()
 
     def requests(self, action: str | None = None, *, since: int = 0) -> list[dict[str, Any]]:
@@ -404,7 +419,7 @@ class SageMakerEmulator(JobRunner):
             "ResourceConfig": req["ResourceConfig"],
             "StoppingCondition": req["StoppingCondition"],
             "CreationTime": job.created,
-            "LastModifiedTime": job.last_modified,
+            "LastModifiedTime": self._modified(job),
             "SecondaryStatusTransitions": [dict(t) for t in job.transitions],
             "EnableNetworkIsolation": bool(req.get("EnableNetworkIsolation")),
             "EnableInterContainerTrafficEncryption": bool(req.get("EnableInterContainerTrafficEncryption")),
@@ -442,8 +457,8 @@ class SageMakerEmulator(JobRunner):
             jobs = [
                 j
                 for j in jobs
-                if j.last_modified > bounds.get("LastModifiedTimeAfter", float("-inf"))
-                and j.last_modified < bounds.get("LastModifiedTimeBefore", float("inf"))
+                if self._modified(j) > bounds.get("LastModifiedTimeAfter", float("-inf"))
+                and self._modified(j) < bounds.get("LastModifiedTimeBefore", float("inf"))
                 and j.created > bounds.get("CreationTimeAfter", float("-inf"))
                 and j.created < bounds.get("CreationTimeBefore", float("inf"))
             ]
@@ -461,7 +476,7 @@ class SageMakerEmulator(JobRunner):
                     "TrainingJobName": j.name,
                     "TrainingJobArn": j.arn,
                     "CreationTime": j.created,
-                    "LastModifiedTime": j.last_modified,
+                    "LastModifiedTime": self._modified(j),
                     "TrainingJobStatus": j.status,
                     "SecondaryStatus": j.secondary,
                     **({"TrainingEndTime": j.training_end} if j.training_end else {}),

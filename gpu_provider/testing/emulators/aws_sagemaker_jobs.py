@@ -83,7 +83,7 @@ class TrainingJob:
         self.request = request
         self.name = str(request["TrainingJobName"])
         self.arn = arn
-        self.created = self.last_modified = time.time()
+        self.created = self.last_modified = self.status_modified = time.time()
         self.status, self.secondary = "InProgress", "Starting"
         self.transitions: list[dict[str, Any]] = []
         self.failure_reason: str | None = None
@@ -122,6 +122,9 @@ class TrainingJob:
             {"Status": secondary, "StartTime": now, "StatusMessage": message or MESSAGES[secondary]}
         )
         self.secondary = secondary
+        if status is not None and status != self.status:
+            # when TrainingJobStatus last changed (SageMakerEmulator.modified_with_status_only)
+            self.status_modified = now
         if status is not None:
             self.status = status
         self.last_modified = now
