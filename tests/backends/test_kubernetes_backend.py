@@ -50,6 +50,10 @@ RULE_0 = "Pod default/j-0 has condition DisruptionTarget matching FailJob rule a
 RULE_1 = "Container main for pod default/j-0 failed with exit code 3 matching FailJob rule at index 1"
 DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "spot"}]
 RUNNING_POD = _pod("Running")
+EVICTED_OVER_LIMIT = "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. "
+EVICTED_OVER_REQUEST = (
+    "The node was low on resource: memory. Container main was using 9Gi, which exceeds its request of 8Gi. "
+)
 #: one object per remote state of the table, as the API would answer it
 EXAMPLES: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {
     "Pending": ("pod", _pod("Pending"), []),
@@ -72,6 +76,16 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {
     "Failed:DeadlineExceeded": ("pod", _pod("Failed", reason="DeadlineExceeded"), []),
     "Failed:DisruptionTarget": ("pod", _pod("Failed", conditions=DISRUPTED), []),
     "Failed:Evicted": ("pod", _pod("Failed", reason="Evicted"), []),
+    "Failed:Evicted:OverLimit": (
+        "pod",
+        _pod("Failed", reason="Evicted", message=EVICTED_OVER_LIMIT),
+        [],
+    ),
+    "Failed:Evicted:OverRequest": (
+        "pod",
+        _pod("Failed", reason="Evicted", message=EVICTED_OVER_REQUEST),
+        [],
+    ),
     "Failed:NodeLost": ("pod", _pod("Failed", reason="NodeLost"), []),
     "Failed:NodeShutdown": ("pod", _pod("Failed", reason="NodeShutdown"), []),
     "Failed:Terminated": ("pod", _pod("Failed", reason="Terminated"), []),
