@@ -861,6 +861,7 @@ class KubernetesBackend(Backend):
         allowance = budget if out else max(budget, LONG_LINE_BYTES)
         if allowance <= 0:
             return 0, True
+        mark.settle(time.time())
         limit = allowance + mark.second_bytes  # the lines of the cursor's second come again
         query: list[tuple[str, Any]] = [("container", CONTAINER), ("timestamps", "true"), ("limitBytes", limit)]
         since = mark.since()

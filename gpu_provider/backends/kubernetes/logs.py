@@ -6,7 +6,8 @@ second of the last line taken (the API server passes ``sinceTime`` on to the kub
 fraction), and ``limitBytes`` = what the chunk may still take plus the bytes of the lines already taken
 in that second (which come again). The cursor of a pod is the timestamp of the last line taken, how
 many lines carried exactly that timestamp, and the bytes taken within its second; lines at or before
-it are dropped. What a read brings again is at most the lines written in one second.
+it are dropped. What a read brings again is at most the lines written in one second, and nothing
+once that second is :data:`SETTLED_S` in the past.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from gpu_provider.backends.base import MAX_LOG_LINE_CHARS, clip_line
 #: (:data:`MAX_LOG_LINE_CHARS` characters of up to 4 bytes) and its timestamp
 LONG_LINE_BYTES = 4 * MAX_LOG_LINE_CHARS + 64
 _STAMP = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)")
+
+#: seconds after which a second of the log is taken as complete (the node's and this machine's clocks
+#: may differ by this much): until then a read brings that second's lines again
+SETTLED_S = 2.0
 
 Key = tuple[int, int]
 
@@ -72,6 +77,12 @@ class PodMark:
         if self.key is None:
             return self.skip_lines
         return {"s": self.key[0], "ns": self.key[1], "n": self.count, "b": self.second_bytes}
+
+    def settle(self, now: float) -> None:
+        """Once the cursor's second is :data:`SETTLED_S` in the past (by this machine's clock), no line of
+        it can still come: the next read starts at the next second and brings none of it again."""
+        if self.key is not None and now - SETTLED_S > self.key[0] + 1:
+            self.key, self.count, self.second_bytes = (self.key[0] + 1, 0), 0, 0
 
     def since(self) -> str | None:
         """``sinceTime`` of the next read: the whole second of the last line taken."""
