@@ -122,6 +122,15 @@ def test_the_state_table_is_fed_every_remote_state() -> None:
     )
     assert job_remote_state(job, [RUNNING_POD, RUNNING_POD])[0] == "Running"
     assert job_remote_state(job, [RUNNING_POD])[0] == "Pending"  # one rank not created yet
+    finished = {
+        **_pod("Succeeded"),
+        "metadata": {"name": "j-0", "annotations": {"batch.kubernetes.io/job-completion-index": "0"}},
+    }
+    running = {
+        **RUNNING_POD,
+        "metadata": {"name": "j-1", "annotations": {"batch.kubernetes.io/job-completion-index": "1"}},
+    }
+    assert job_remote_state(job, [finished, running])[0] == "Running"  # a rank that finished was created
     # a phase no Kubernetes has today is an error naming it, never a guess
     from gpu_provider.backends.base import map_state
 
@@ -219,6 +228,39 @@ def test_a_disrupted_rank_of_an_indexed_job_preempts_the_whole_attempt(kubernete
         15,
         "rank 0 to stop",
     )
+
+
+def test_a_gang_whose_rank_0_finished_first_is_running_not_queued(kubernetes: KubernetesWorld) -> None:
+    """Before: "queued: 1 of 2 pods created" once rank 0 had finished and rank 1 still ran."""
+    backend = KubernetesBackend()
+    job = py(
+        """
+        import os, time
+        time.sleep(0.2 if os.environ['NODE_RANK'] == '0' else 4)
+        """
+    )
+    handle = backend.submit(_request("rank0first", job, nodes=2))
+
+    def rank_0_done() -> bool:
+        phases = {
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p["status"]["phase"]
+            for p in kubernetes.emulator.objects("pods")
+        }
+        return phases.get("0") == "Succeeded" and phases.get("1") == "Running"
+
+    wait_for(rank_0_done, 20, "rank 0 to finish while rank 1 runs")
+    status = poll_one(backend, handle)
+    assert status.state is JobState.RUNNING and "pods created" not in status.reason, status
+    assert wait_ended(backend, handle).state is JobState.SUCCEEDED
+
+
+def test_a_failed_pod_s_reason_does_not_repeat_its_exit_code(kubernetes: KubernetesWorld) -> None:
+    """The exit code is reported apart (``JobStatus.exit_code``) and added once by the engine's message;
+    before: "exit code 1 (Error) (exit code 1)"."""
+    backend = KubernetesBackend()
+    handle = backend.submit(_request("exit1", py("import sys; sys.exit(1)")))
+    status = wait_ended(backend, handle)
+    assert (status.state, status.exit_code, status.reason) == (JobState.FAILED, 1, "Error"), status
 
 
 def test_a_pod_waiting_for_a_node_past_the_startup_budget_is_a_capacity_timeout(kubernetes: KubernetesWorld) -> None:
