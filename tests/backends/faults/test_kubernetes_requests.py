@@ -171,3 +171,24 @@ def test_following_a_log_reads_about_its_size_however_many_reads(kubernetes: Kub
     # while it settled (a read every 0.2 s)
     window_reads = (SETTLED_S + 2.5) / every_s
     assert total <= size * (2 + window_reads), f"{total} bytes in {len(reads)} reads of a {size}-byte log"
+
+
+def test_the_end_of_a_long_log_is_read_from_its_end(kubernetes: KubernetesWorld) -> None:
+    backend = KubernetesBackend()
+    command = py(
+        """
+        import sys
+        for i in range(3000):
+            print(f'line {i:05d} ' + 'z' * 60)
+        sys.exit(1)
+        """
+    )
+    request = _request("k8s_tail", "long")
+    handle = backend.submit(JobRequest(request.identity, command, {}, GpuResources(), "spot", image="x"))
+    assert wait_ended(backend, handle).state is JobState.FAILED
+    before = len(kubernetes.emulator.requests())
+    tail = backend.output_tail(handle, 20)
+    assert [line[:10] for line in tail] == [f"line {i:05d}" for i in range(2980, 3000)], tail
+    reads = [r for r in _log_requests(kubernetes, before) if r["action"] == "get pods/log"]
+    assert len(reads) == 1 and reads[0]["body"]["query"].get("tailLines") == "20", reads
+    assert int(reads[0]["bytes"]) <= 20 * 120, reads[0]["bytes"]  # not the log's 200 KB
