@@ -8,7 +8,8 @@ points a client at it):
   create (409 on a name in use), get, list with label selectors (``=``, ``!=``, ``in``, ``notin``,
   exists) and field selectors (``a.b=c``), ``limit``/``continue`` paging, merge patch, delete with
   ``propagationPolicy`` (Foreground keeps a Job until its pods are gone; ``ownerReferences`` are
-  garbage-collected), pod logs, and watches (``?watch=true``: newline-delimited events, streamed
+  garbage-collected), pod logs (``timestamps``, ``sinceTime`` in whole seconds as the kubelet gets it,
+  ``sinceSeconds``, ``tailLines``, ``limitBytes``), and watches (``?watch=true``: newline-delimited events, streamed
   until ``timeoutSeconds``).
 * A scheduler standing in for Karpenter: a pending pod gets a node of the capacity type and
   NodePool its ``nodeSelector`` asks for after ``node_delay`` seconds (one node per pod), unless
@@ -25,10 +26,13 @@ points a client at it):
   ``backoffLimit``, ``activeDeadlineSeconds``; ``Complete``/``SuccessCriteriaMet`` and
   ``FailureTarget``/``Failed`` conditions. Pods' ``activeDeadlineSeconds`` too.
 * Faults from tests: :meth:`reclaim` takes a spot node back (its pods get a ``DisruptionTarget``
-  condition, SIGTERM, and end ``Failed``), :meth:`set_shortage`, :meth:`forget` (an object vanishes
+  condition, SIGTERM, and end ``Failed``), :meth:`evict` ends a pod with one of the kubelet's or a
+  controller's eviction shapes (past a storage limit, past its request, node pressure, preemption,
+  ...), :meth:`set_shortage`, :meth:`forget` (an object vanishes
   without a trace), :meth:`report_phase` (a phase no Kubernetes has), request throttling through
   :class:`gpu_provider.testing.emulators.core.Faults` (HTTP 429), and a request log
-  (:class:`gpu_provider.testing.emulators.core.RequestLog`).
+  (:class:`gpu_provider.testing.emulators.core.RequestLog`; each answered read also records the
+  objects and bytes it returned).
 
 What it does not do, on purpose: no admission, no schema validation (tests validate manifests with
 ``kubernetes-validate``), no RBAC, no resource accounting (a node per pod, any number), no
