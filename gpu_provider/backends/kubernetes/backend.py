@@ -437,11 +437,20 @@ class KubernetesBackend(Backend):
             if token:
                 kwargs["_continue"] = token
             fn = api.core.list_namespaced_pod if kind == POD else api.batch.list_namespaced_job
-            page = call(
-                f"list {kind}s",
-                lambda kwargs=kwargs, fn=fn: raw(fn, self.namespace, **kwargs),  # type: ignore[misc]
-                attempts=attempts,
-            )
+            try:
+                page = call(
+                    f"list {kind}s",
+                    lambda kwargs=kwargs, fn=fn: raw(fn, self.namespace, **kwargs),  # type: ignore[misc]
+                    attempts=attempts,
+                )
+            except Exception as err:
+                if not fields or status_of(err) != 400:
+                    raise
+                # a server that refuses the field selector (Kubernetes serves it for pods): filter here
+                log.warning("The Kubernetes API refused fieldSelector=%s (%s); listing without it.", fields, err)
+                wanted = ("Succeeded", "Failed") if fields == ACTIVE_PODS else ()
+                listed = self._list(kind, selector, attempts=attempts)
+                return [o for o in listed if (o.get("status") or {}).get("phase") not in wanted]
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -861,12 +870,13 @@ class KubernetesBackend(Backend):
         allowance = budget if out else max(budget, LONG_LINE_BYTES)
         if allowance <= 0:
             return 0, True
-        mark.settle(time.time())
+        mark.settle()
         limit = allowance + mark.second_bytes  # the lines of the cursor's second come again
         query: list[tuple[str, Any]] = [("container", CONTAINER), ("timestamps", "true"), ("limitBytes", limit)]
         since = mark.since()
         if since:
             query.append(("sinceTime", since))
+        sent = time.time()
         try:
             data = call(
                 f"read log of {pod}", lambda: read_log(self._api, pod, self.namespace, query), attempts=POLL_ATTEMPTS
@@ -875,7 +885,10 @@ class KubernetesBackend(Backend):
             if status_of(err) in (400, 404):  # not started yet, or gone
                 return 0, False
             raise
-        return take(data, mark, limit=limit, ended=ended, budget=budget, prefix=prefix, out=out)
+        used, more = take(data, mark, limit=limit, ended=ended, budget=budget, prefix=prefix, out=out)
+        if not more:
+            mark.caught_up = sent
+        return used, more
 
     def output_tail(self, handle: JobHandle, lines: int = 20) -> list[str]:
         """The last ``lines`` lines of the attempt's output: one read per pod (``tailLines``, at most

@@ -7,7 +7,7 @@ fraction), and ``limitBytes`` = what the chunk may still take plus the bytes of 
 in that second (which come again). The cursor of a pod is the timestamp of the last line taken, how
 many lines carried exactly that timestamp, and the bytes taken within its second; lines at or before
 it are dropped. What a read brings again is at most the lines written in one second, and nothing
-once that second is :data:`SETTLED_S` in the past.
+once a complete read has begun :data:`SETTLED_S` after that second.
 """
 
 from __future__ import annotations
@@ -60,28 +60,36 @@ class PodMark:
     count: int = 0
     #: bytes (timestamps and newlines included) of the lines taken within :attr:`key`'s whole second
     second_bytes: int = 0
-    #: a cursor of an earlier version counted lines from the start: skip that many
-    skip_lines: int = 0
+    #: lines taken counted from the log's start, while no line carried a timestamp (an API server that
+    #: ignores ``timestamps``: its whole log comes every read), or from a cursor of an earlier version
+    plain: int = 0
+    #: when (this machine's clock) the last read that brought everything there was began: every line
+    #: written before it (give or take the clocks' difference) has been taken
+    caught_up: float = 0.0
 
     @classmethod
     def load(cls, value: Any) -> PodMark:
         if isinstance(value, int):
-            return cls(skip_lines=max(0, value))
+            return cls(plain=max(0, value))
         if isinstance(value, dict) and isinstance(value.get("s"), int) and isinstance(value.get("ns"), int):
             return cls(
-                key=(value["s"], value["ns"]), count=int(value.get("n") or 0), second_bytes=int(value.get("b") or 0)
+                key=(value["s"], value["ns"]),
+                count=int(value.get("n") or 0),
+                second_bytes=int(value.get("b") or 0),
+                caught_up=float(value.get("r") or 0.0),
             )
         return cls()
 
-    def dump(self) -> dict[str, int] | int:
+    def dump(self) -> dict[str, float] | int:
         if self.key is None:
-            return self.skip_lines
-        return {"s": self.key[0], "ns": self.key[1], "n": self.count, "b": self.second_bytes}
+            return self.plain
+        return {"s": self.key[0], "ns": self.key[1], "n": self.count, "b": self.second_bytes, "r": self.caught_up}
 
-    def settle(self, now: float) -> None:
-        """Once the cursor's second is :data:`SETTLED_S` in the past (by this machine's clock), no line of
-        it can still come: the next read starts at the next second and brings none of it again."""
-        if self.key is not None and now - SETTLED_S > self.key[0] + 1:
+    def settle(self) -> None:
+        """Once a read that brought everything there was began :data:`SETTLED_S` after the cursor's second
+        ended, every line of that second has been taken: the next read starts at the next second and
+        brings none of it again."""
+        if self.key is not None and self.caught_up - SETTLED_S > self.key[0] + 1:
             self.key, self.count, self.second_bytes = (self.key[0] + 1, 0), 0, 0
 
     def since(self) -> str | None:
@@ -119,8 +127,12 @@ def take(
         parts.append(tail)
         tail = b""
     used, took, at_mark = 0, False, 0
-    for raw in parts:
+    for index, raw in enumerate(parts, 1):
         key, text = split_stamped(raw)
+        if index <= mark.plain:  # taken before, counted from the start (a read from the start: no sinceTime)
+            mark.advance(key, len(raw) + 1)
+            at_mark = mark.count  # every line of that timestamp so far came in this read
+            continue
         if mark.key is not None and key is not None:
             if key < mark.key:
                 continue
@@ -128,10 +140,6 @@ def take(
                 at_mark += 1
                 if at_mark <= mark.count:
                     continue
-        if mark.skip_lines > 0:
-            mark.skip_lines -= 1
-            mark.advance(key, len(raw) + 1)
-            continue
         line = prefix + clip_line(text.decode("utf-8", "replace"))
         size = len(line.encode()) + 1
         if out and used + size > budget:
@@ -139,7 +147,10 @@ def take(
         out.append(line)
         used += size
         took = True
+        if key is None and mark.key is None:
+            mark.plain += 1
         mark.advance(key, len(raw) + 1)
+        at_mark = mark.count  # the lines of the mark's timestamp met in this read: all taken or seen
     if cut and not took and not out:
         key, text = split_stamped(tail) if tail else (None, b"")
         if tail and (mark.key is None or key is None or key > mark.key):  # one line longer than a read: cut
