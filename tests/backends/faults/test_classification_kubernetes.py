@@ -131,3 +131,29 @@ def test_a_pod_evicted_by_the_service_is_classified_from_its_words(kubernetes: K
     assert (status.state, status.interruption) == (state, interruption), status
     _reason, message, _cause = EVICTIONS[shape]
     assert message.strip()[:30] in status.reason, status.reason
+
+
+@pytest.mark.parametrize(
+    ("shape", "state"),
+    [
+        ("pod-storage-limit", JobState.FAILED),
+        ("memory-over-request", JobState.FAILED),  # before: PREEMPTED (its DisruptionTarget matched rule 0)
+        ("memory-pressure", JobState.PREEMPTED),
+    ],
+)
+def test_a_gang_with_an_evicted_rank_fails_or_is_preempted_by_the_eviction_s_words(
+    kubernetes: KubernetesWorld, shape: str, state: JobState
+) -> None:
+    backend = KubernetesBackend()
+    identity = JobIdentity(TaskKey("k8s_evict_gang", shape, "manual__1"), try_number=1, attempt=1, capacity="spot")
+    handle = backend.submit(JobRequest(identity, LONG_JOB, {}, GpuResources(nodes=2), "spot", image="x"))
+    wait_state(backend, handle, JobState.RUNNING)
+    (rank_1,) = [
+        p["metadata"]["name"]
+        for p in kubernetes.emulator.objects("pods")
+        if p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"
+    ]
+    kubernetes.emulator.evict(rank_1, shape)
+    status = wait_ended(backend, handle)
+    assert status.state is state, status
+    assert status.interruption == (names.PREEMPTED if state is JobState.PREEMPTED else None), status
