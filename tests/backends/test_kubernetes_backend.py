@@ -254,6 +254,28 @@ def test_a_gang_whose_rank_0_finished_first_is_running_not_queued(kubernetes: Ku
     assert wait_ended(backend, handle).state is JobState.SUCCEEDED
 
 
+def test_the_end_of_a_gang_s_output_comes_from_every_rank_merged_by_time(kubernetes: KubernetesWorld) -> None:
+    backend = KubernetesBackend()
+    job = py(
+        """
+        import os, sys, time
+        rank = os.environ['NODE_RANK']
+        for i in range(15):
+            print(f'step {i} of rank {rank}', flush=True)
+            time.sleep(0.01)
+        if rank == '1':  # rank 0 ended well (its pod stays); rank 1 fails after it
+            time.sleep(0.5)
+            print('rank 1 failed: CUDA error', flush=True)
+            sys.exit(2)
+        """
+    )
+    handle = backend.submit(_request("gangtail", job, nodes=2))
+    assert wait_ended(backend, handle).state is JobState.FAILED
+    tail = backend.output_tail(handle, 20)
+    assert len(tail) == 20 and tail[-1] == "rank 1: rank 1 failed: CUDA error", tail
+    assert {line.split(":")[0] for line in tail} == {"rank 0", "rank 1"}, tail
+
+
 def test_a_failed_pod_s_reason_does_not_repeat_its_exit_code(kubernetes: KubernetesWorld) -> None:
     """The exit code is reported apart (``JobStatus.exit_code``) and added once by the engine's message;
     before: "exit code 1 (Error) (exit code 1)"."""
