@@ -136,8 +136,7 @@ def read_log(api: Api, pod: str, namespace: str, query: list[tuple[str, Any]]) -
         {"name": pod, "namespace": namespace},
         query,
         {"Accept": "text/plain"},
-        response_types_map={200: "str"},
-        auth_settings=["BearerToken"],
+        auth_settings=["BearerToken"],  # no response type: the raw answer is read (_preload_content=False)
         _return_http_data_only=True,
         _preload_content=False,
         _request_timeout=REQUEST_TIMEOUT,
