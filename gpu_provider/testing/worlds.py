@@ -142,6 +142,11 @@ class KubernetesWorld:
         get a ``DisruptionTarget`` condition and are stopped. Returns the node's name."""
         return self.emulator.reclaim(pod_name, namespace)
 
+    def evict(self, pod_name: str, shape: str, namespace: str = "default") -> None:
+        """End a running pod with one eviction shape (``pod-storage-limit``, ``memory-over-request``,
+        ``memory-pressure``, ``preemption``, ...: see :meth:`KubernetesEmulator.evict`)."""
+        self.emulator.evict(pod_name, shape, namespace)
+
     def disrupt_after(self, seconds: float, *, name_contains: str = "", count: int = 1) -> None:
         """Take back the spot node of the next ``count`` pods whose name holds ``name_contains``,
         ``seconds`` after each starts."""

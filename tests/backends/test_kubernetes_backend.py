@@ -50,6 +50,10 @@ RULE_0 = "Pod default/j-0 has condition DisruptionTarget matching FailJob rule a
 RULE_1 = "Container main for pod default/j-0 failed with exit code 3 matching FailJob rule at index 1"
 DISRUPTED = [{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "spot"}]
 RUNNING_POD = _pod("Running")
+EVICTED_OVER_LIMIT = "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. "
+EVICTED_OVER_REQUEST = (
+    "The node was low on resource: memory. Container main was using 9Gi, which exceeds its request of 8Gi. "
+)
 #: one object per remote state of the table, as the API would answer it
 EXAMPLES: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {
     "Pending": ("pod", _pod("Pending"), []),
@@ -72,6 +76,16 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any], list[dict[str, Any]]]] = {
     "Failed:DeadlineExceeded": ("pod", _pod("Failed", reason="DeadlineExceeded"), []),
     "Failed:DisruptionTarget": ("pod", _pod("Failed", conditions=DISRUPTED), []),
     "Failed:Evicted": ("pod", _pod("Failed", reason="Evicted"), []),
+    "Failed:Evicted:OverLimit": (
+        "pod",
+        _pod("Failed", reason="Evicted", message=EVICTED_OVER_LIMIT),
+        [],
+    ),
+    "Failed:Evicted:OverRequest": (
+        "pod",
+        _pod("Failed", reason="Evicted", message=EVICTED_OVER_REQUEST),
+        [],
+    ),
     "Failed:NodeLost": ("pod", _pod("Failed", reason="NodeLost"), []),
     "Failed:NodeShutdown": ("pod", _pod("Failed", reason="NodeShutdown"), []),
     "Failed:Terminated": ("pod", _pod("Failed", reason="Terminated"), []),
@@ -108,6 +122,15 @@ def test_the_state_table_is_fed_every_remote_state() -> None:
     )
     assert job_remote_state(job, [RUNNING_POD, RUNNING_POD])[0] == "Running"
     assert job_remote_state(job, [RUNNING_POD])[0] == "Pending"  # one rank not created yet
+    finished = {
+        **_pod("Succeeded"),
+        "metadata": {"name": "j-0", "annotations": {"batch.kubernetes.io/job-completion-index": "0"}},
+    }
+    running = {
+        **RUNNING_POD,
+        "metadata": {"name": "j-1", "annotations": {"batch.kubernetes.io/job-completion-index": "1"}},
+    }
+    assert job_remote_state(job, [finished, running])[0] == "Running"  # a rank that finished was created
     # a phase no Kubernetes has today is an error naming it, never a guess
     from gpu_provider.backends.base import map_state
 
@@ -205,6 +228,61 @@ def test_a_disrupted_rank_of_an_indexed_job_preempts_the_whole_attempt(kubernete
         15,
         "rank 0 to stop",
     )
+
+
+def test_a_gang_whose_rank_0_finished_first_is_running_not_queued(kubernetes: KubernetesWorld) -> None:
+    """Before: "queued: 1 of 2 pods created" once rank 0 had finished and rank 1 still ran."""
+    backend = KubernetesBackend()
+    job = py(
+        """
+        import os, time
+        time.sleep(0.2 if os.environ['NODE_RANK'] == '0' else 4)
+        """
+    )
+    handle = backend.submit(_request("rank0first", job, nodes=2))
+
+    def rank_0_done() -> bool:
+        phases = {
+            p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p["status"]["phase"]
+            for p in kubernetes.emulator.objects("pods")
+        }
+        return phases.get("0") == "Succeeded" and phases.get("1") == "Running"
+
+    wait_for(rank_0_done, 20, "rank 0 to finish while rank 1 runs")
+    status = poll_one(backend, handle)
+    assert status.state is JobState.RUNNING and "pods created" not in status.reason, status
+    assert wait_ended(backend, handle).state is JobState.SUCCEEDED
+
+
+def test_the_end_of_a_gang_s_output_comes_from_every_rank_merged_by_time(kubernetes: KubernetesWorld) -> None:
+    backend = KubernetesBackend()
+    job = py(
+        """
+        import os, sys, time
+        rank = os.environ['NODE_RANK']
+        for i in range(15):
+            print(f'step {i} of rank {rank}', flush=True)
+            time.sleep(0.01)
+        if rank == '1':  # rank 0 ended well (its pod stays); rank 1 fails after it
+            time.sleep(0.5)
+            print('rank 1 failed: CUDA error', flush=True)
+            sys.exit(2)
+        """
+    )
+    handle = backend.submit(_request("gangtail", job, nodes=2))
+    assert wait_ended(backend, handle).state is JobState.FAILED
+    tail = backend.output_tail(handle, 20)
+    assert len(tail) == 20 and tail[-1] == "rank 1: rank 1 failed: CUDA error", tail
+    assert {line.split(":")[0] for line in tail} == {"rank 0", "rank 1"}, tail
+
+
+def test_a_failed_pod_s_reason_does_not_repeat_its_exit_code(kubernetes: KubernetesWorld) -> None:
+    """The exit code is reported apart (``JobStatus.exit_code``) and added once by the engine's message;
+    before: "exit code 1 (Error) (exit code 1)"."""
+    backend = KubernetesBackend()
+    handle = backend.submit(_request("exit1", py("import sys; sys.exit(1)")))
+    status = wait_ended(backend, handle)
+    assert (status.state, status.exit_code, status.reason) == (JobState.FAILED, 1, "Error"), status
 
 
 def test_a_pod_waiting_for_a_node_past_the_startup_budget_is_a_capacity_timeout(kubernetes: KubernetesWorld) -> None:

@@ -8,8 +8,13 @@ for ``on-demand`` on the on-demand NodePool; Karpenter launches a node for the p
 the manifests hold is in :mod:`~gpu_provider.backends.kubernetes.manifests`, what the answers mean
 in :mod:`~gpu_provider.backends.kubernetes.mapping`.
 
-Status reads are one LIST of pods per namespace (label selector: every pod this provider started),
-plus one LIST of Jobs when a multi-node attempt is among them, whatever the number of attempts.
+Status reads ask only for what they need: a poll of a few attempts is one LIST of their pods by the
+attempt's label (and of their Jobs, for multi-node attempts); a poll of many (the triggerer's shared
+poller) is one LIST of the namespace's *active* pods of this provider, whatever their number, plus the
+attempts not among them (ended since the last tick) by their label. Pods that ended and that nobody
+asks about (left for the pod garbage collector) are never fetched. Logs are read from a cursor
+(:mod:`~gpu_provider.backends.kubernetes.logs`). The request pattern is described in
+``docs/how-to/kubernetes-notes.md``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any, ClassVar
 from gpu_provider import names
 from gpu_provider.backends.base import (
     LOG_READ_BYTES,
+    MAX_LOG_LINE_CHARS,
     Backend,
     Capabilities,
     JobHandle,
@@ -50,8 +56,10 @@ from gpu_provider.backends.kubernetes.calls import (
     call,
     exists,
     raw,
+    read_log,
     status_of,
 )
+from gpu_provider.backends.kubernetes.logs import LONG_LINE_BYTES, PodMark, split_stamped, take
 from gpu_provider.backends.kubernetes.manifests import (
     ANNOTATION_DAG_ID,
     ANNOTATION_GPUS,
@@ -69,6 +77,7 @@ from gpu_provider.backends.kubernetes.manifests import (
     is_dns1123_subdomain,
     job_manifests,
     label_key_problem,
+    label_value,
     map_index_label,
     pod_manifest,
 )
@@ -102,6 +111,14 @@ DEFAULT_STARTUP_TIMEOUT_S = 900.0
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_TTL_AFTER_FINISHED_S = 3600
 LIST_PAGE = 500
+#: a poll of at most this many attempts selects their pods by label; more share one LIST of active pods
+FEW_ATTEMPTS = 20
+#: attempt names in one ``in (...)`` label selector (a request line of about 7 KB)
+SELECTOR_NAMES = 100
+#: the pods still running or waiting (pods that ended stay until the pod garbage collector removes them)
+ACTIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+#: pods of a multi-node attempt whose last lines :meth:`KubernetesBackend.output_tail` reads
+TAIL_PODS = 8
 POD, JOB = "Pod", "Job"
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
 
@@ -412,45 +429,73 @@ class KubernetesBackend(Backend):
 
     # --- status -------------------------------------------------------------------------------------
 
-    def _list(self, kind: str, selector: str, *, attempts: int = POLL_ATTEMPTS) -> list[dict[str, Any]]:
-        """Every object of ``kind`` in the namespace matching ``selector`` (one request per 500)."""
+    def _list(
+        self, kind: str, selector: str, *, attempts: int = POLL_ATTEMPTS, fields: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Every object of ``kind`` in the namespace matching ``selector`` (and the field selector
+        ``fields``), one request per 500."""
         api = self._api
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
             kwargs: dict[str, Any] = {"label_selector": selector, "limit": LIST_PAGE}
+            if fields:
+                kwargs["field_selector"] = fields
             if token:
                 kwargs["_continue"] = token
             fn = api.core.list_namespaced_pod if kind == POD else api.batch.list_namespaced_job
-            page = call(
-                f"list {kind}s",
-                lambda kwargs=kwargs, fn=fn: raw(fn, self.namespace, **kwargs),  # type: ignore[misc]
-                attempts=attempts,
-            )
+            try:
+                page = call(
+                    f"list {kind}s",
+                    lambda kwargs=kwargs, fn=fn: raw(fn, self.namespace, **kwargs),  # type: ignore[misc]
+                    attempts=attempts,
+                )
+            except Exception as err:
+                if not fields or status_of(err) != 400:
+                    raise
+                # a server that refuses the field selector (Kubernetes serves it for pods): filter here
+                log.warning("The Kubernetes API refused fieldSelector=%s (%s); listing without it.", fields, err)
+                wanted = ("Succeeded", "Failed") if fields == ACTIVE_PODS else ()
+                listed = self._list(kind, selector, attempts=attempts)
+                return [o for o in listed if (o.get("status") or {}).get("phase") not in wanted]
             items.extend(page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items
 
     def poll(self, handles: Sequence[JobHandle]) -> PollResult:
-        """One LIST of this provider's pods in the namespace (and of its Jobs when a multi-node attempt
-        is among ``handles``), whatever the number of attempts."""
+        """The pods (and Jobs) of ``handles`` and nothing else that ended.
+
+        Up to :data:`FEW_ATTEMPTS` attempts: one LIST of their pods by the attempt's label (a sync
+        wait, ``on_kill``, a recovery). More (the shared poller): one LIST of this provider's active
+        pods in the namespace, however many, plus one LIST by label of the attempts not among them
+        (those that ended since the last tick). Multi-node attempts add one LIST of their Jobs and
+        of their pods (a rank that finished is no longer active)."""
         if not handles:
             return {}
-        selector = f"{MANAGED_BY}={MANAGER}"
-        pods = self._list(POD, selector)
-        by_attempt: dict[str, list[dict[str, Any]]] = {}
-        for pod in pods:
-            label = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT_NAME)
-            if label:
-                by_attempt.setdefault(str(label), []).append(pod)
-        jobs: dict[str, dict[str, Any]] = {}
-        if any(h.extra.get("kind") == JOB for h in handles):
-            jobs = {str(j["metadata"]["name"]): j for j in self._list(JOB, selector)}
+        wanted = sorted({h.name for h in handles})
+        multi = sorted({h.name for h in handles if h.extra.get("kind") == JOB})
+        by_attempt: dict[str, dict[str, dict[str, Any]]] = {}
+
+        def keep(pods: list[dict[str, Any]]) -> None:
+            for pod in pods:
+                meta = pod.get("metadata") or {}
+                label = (meta.get("labels") or {}).get(LABEL_ATTEMPT_NAME)
+                if label:
+                    by_attempt.setdefault(str(label), {})[str(meta.get("name"))] = pod
+
+        if len(wanted) <= FEW_ATTEMPTS:
+            keep(self._by_attempt(POD, wanted))
+        else:
+            keep(self._list(POD, f"{MANAGED_BY}={MANAGER}", fields=ACTIVE_PODS))
+            missing = [n for n in wanted if n not in by_attempt or n in multi]
+            keep(self._by_attempt(POD, missing))
+        jobs = {str(j["metadata"]["name"]): j for j in self._by_attempt(JOB, multi)} if multi else {}
+        grouped = {name: list(pods.values()) for name, pods in by_attempt.items()}
         result: PollResult = {}
         for handle in handles:
             try:
-                result[handle.job_id] = self._status(handle, by_attempt, jobs)
+                result[handle.job_id] = self._status(handle, grouped, jobs)
             except ValueError as err:  # a state this version does not know: this job alone
                 result[handle.job_id] = GpuJobStatusError(
                     f"Kubernetes {handle.extra.get('kind', POD)} {self.namespace}/{handle.name}: {err}"
@@ -461,6 +506,19 @@ class KubernetesBackend(Backend):
                     f"{type(err).__name__}: {err}"
                 )
         return result
+
+    def _by_attempt(self, kind: str, attempt_names: Sequence[str]) -> list[dict[str, Any]]:
+        """The objects of ``kind`` labelled with one of ``attempt_names`` (one LIST per
+        :data:`SELECTOR_NAMES` names)."""
+        found: list[dict[str, Any]] = []
+        for start in range(0, len(attempt_names), SELECTOR_NAMES):
+            chunk = attempt_names[start : start + SELECTOR_NAMES]
+            if len(chunk) == 1:
+                selector = f"{LABEL_ATTEMPT_NAME}={chunk[0]}"
+            else:
+                selector = f"{LABEL_ATTEMPT_NAME} in ({','.join(chunk)})"
+            found.extend(self._list(kind, selector))
+        return found
 
     def _status(
         self, handle: JobHandle, by_attempt: Mapping[str, list[dict[str, Any]]], jobs: Mapping[str, dict[str, Any]]
@@ -540,8 +598,8 @@ class KubernetesBackend(Backend):
             code = exit_code(failed[0])
         elif state is JobState.FAILED and members:
             code = exit_code(members[0])
-        if state is JobState.FAILED and remote == "Failed" and code is not None:
-            reason = f"exit code {code}" + (f" ({reason})" if reason else "")
+        if state is JobState.FAILED and remote == "Failed" and not reason:
+            reason = f"container {CONTAINER} ended"  # the exit code is reported apart (JobStatus.exit_code)
         owner = str(labels.get(names.TAG_OWNER_TRY) or "")
         node_capacity = None
         for pod in members:
@@ -708,10 +766,12 @@ class KubernetesBackend(Backend):
 
     # --- lookups ------------------------------------------------------------------------------------
 
-    def _objects(self, selector: str) -> list[tuple[str, dict[str, Any]]]:
-        """Bare pods and Jobs of this provider matching ``selector`` (a Job's pods left out)."""
+    def _objects(self, selector: str, *, active: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """Bare pods and Jobs of this provider matching ``selector`` (a Job's pods left out); with
+        ``active``, ended pods are not fetched."""
         found: list[tuple[str, dict[str, Any]]] = []
-        for pod in self._list(POD, selector, attempts=PATIENT_ATTEMPTS):
+        fields = ACTIVE_PODS if active else None
+        for pod in self._list(POD, selector, attempts=PATIENT_ATTEMPTS, fields=fields):
             if ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT_NAME) == pod["metadata"]["name"]:
                 found.append((POD, pod))
         for job in self._list(JOB, selector, attempts=PATIENT_ATTEMPTS):
@@ -724,6 +784,8 @@ class KubernetesBackend(Backend):
             f"{MANAGED_BY}={MANAGER}",
             f"{names.TAG_RUN_HASH}={task.run_hash}",
             f"{names.TAG_MAP_INDEX}={map_index_label(task.map_index)}",
+            f"{names.TAG_DAG_ID}={label_value(task.dag_id) or 'x'}",
+            f"{names.TAG_TASK_ID}={label_value(task.task_id) or 'x'}",
         )
         selector = ",".join(labels)
         handles = [self._handle(obj, kind) for kind, obj in self._objects(selector) if _task_of(obj) == task]
@@ -747,7 +809,7 @@ class KubernetesBackend(Backend):
     def list_owned(self) -> list[OwnedJob]:
         """Every active Pod and Job in the namespace carrying this provider's labels."""
         owned = []
-        for kind, obj in self._objects(f"{MANAGED_BY}={MANAGER}"):
+        for kind, obj in self._objects(f"{MANAGED_BY}={MANAGER}", active=True):
             if kind == POD:
                 remote, _ = pod_remote_state(obj)
             else:
@@ -783,11 +845,18 @@ class KubernetesBackend(Backend):
     # --- logs and links -----------------------------------------------------------------------------
 
     def logs(self, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = LOG_READ_BYTES) -> LogChunk:
-        """Lines of every pod of the attempt after ``cursor`` (``{pod: lines read}``), ``rank N:`` prefixed
-        for multi-node attempts; only complete lines of a running container are taken."""
-        read: dict[str, int] = json.loads(cursor) if cursor else {}
-        pods = self._list(POD, f"{LABEL_ATTEMPT_NAME}={handle.name}")
-        pods.sort(key=lambda p: (rank_of(p), str((p.get("metadata") or {}).get("creationTimestamp"))))
+        """Lines of every pod of the attempt after ``cursor``, ``rank N:`` prefixed for multi-node
+        attempts; only complete lines of a running container are taken.
+
+        One LIST of the attempt's pods by its label, then per pod one read from the cursor
+        (``sinceTime``, ``limitBytes``; see :mod:`~gpu_provider.backends.kubernetes.logs`), so the bytes
+        read over a job's life are about its log's size, however often it is read."""
+        try:
+            loaded = json.loads(cursor) if cursor else {}
+        except ValueError:
+            loaded = {}
+        read: dict[str, Any] = loaded if isinstance(loaded, dict) else {}
+        pods = self._attempt_pods(handle)
         multi = int(handle.extra.get("nodes") or 1) > 1
         lines: list[str] = []
         size = 0
@@ -799,63 +868,81 @@ class KubernetesBackend(Backend):
                 continue
             ended = state in ("Succeeded", "Failed")
             prefix = f"rank {rank_of(pod)}: " if multi else ""
-            taken, stopped = self._read_pod_log(name, read.get(name, 0), ended, max_bytes - size, prefix, lines)
-            read[name] = read.get(name, 0) + taken
-            size += sum(len(line.encode()) + 1 for line in lines[len(lines) - taken :]) if taken else 0
+            mark = PodMark.load(read.get(name))
+            used, stopped = self._read_pod_log(name, mark, ended, max_bytes - size, prefix, lines)
+            read[name] = mark.dump()
+            size += used
             if stopped:
                 more = True
                 break
         return LogChunk(lines=lines, cursor=json.dumps(read, sort_keys=True) if read else cursor, more=more)
 
+    def _attempt_pods(self, handle: JobHandle) -> list[dict[str, Any]]:
+        """The attempt's pods (by its label), in rank order."""
+        pods = self._list(POD, f"{LABEL_ATTEMPT_NAME}={handle.name}")
+        pods.sort(key=lambda p: (rank_of(p), str((p.get("metadata") or {}).get("creationTimestamp"))))
+        return pods
+
     def _read_pod_log(
-        self, pod: str, skip: int, ended: bool, budget: int, prefix: str, out: list[str]
+        self, pod: str, mark: PodMark, ended: bool, budget: int, prefix: str, out: list[str]
     ) -> tuple[int, bool]:
-        """Append the lines of ``pod`` after the first ``skip`` to ``out`` within ``budget`` bytes;
-        answer how many were taken and whether the budget stopped the read."""
-        api = self._api
+        """One read of ``pod``'s log after ``mark`` into ``out``, about ``budget`` bytes; answers the bytes
+        taken and whether more is there now."""
+        allowance = budget if out else max(budget, LONG_LINE_BYTES)
+        if allowance <= 0:
+            return 0, True
+        mark.settle()
+        limit = allowance + mark.second_bytes  # the lines of the cursor's second come again
+        query: list[tuple[str, Any]] = [("container", CONTAINER), ("timestamps", "true"), ("limitBytes", limit)]
+        since = mark.since()
+        if since:
+            query.append(("sinceTime", since))
+        sent = time.time()
         try:
-            response = call(
-                f"read log of {pod}",
-                lambda: api.core.read_namespaced_pod_log(
-                    pod, self.namespace, container=CONTAINER, _preload_content=False, _request_timeout=(10, 60)
-                ),
-                attempts=POLL_ATTEMPTS,
+            data = call(
+                f"read log of {pod}", lambda: read_log(self._api, pod, self.namespace, query), attempts=POLL_ATTEMPTS
             )
         except Exception as err:
             if status_of(err) in (400, 404):  # not started yet, or gone
                 return 0, False
             raise
-        taken, index, stopped = 0, 0, False
-        pending = b""
-        try:
-            for chunk in response.stream(64 * 1024):
-                pending += chunk
-                *complete, pending = pending.split(b"\n")
-                for raw_line in complete:
-                    index += 1
-                    if index <= skip:
-                        continue
-                    line = prefix + clip_line(raw_line.decode("utf-8", "replace"))
-                    if taken and budget - (len(line.encode()) + 1) < 0:
-                        stopped = True
-                        break
-                    budget -= len(line.encode()) + 1
-                    out.append(line)
-                    taken += 1
-                if stopped:
-                    break
-            if not stopped and ended and pending:
-                index += 1
-                if index > skip:
-                    line = prefix + clip_line(pending.decode("utf-8", "replace"))
-                    if taken and budget - (len(line.encode()) + 1) < 0:
-                        stopped = True
-                    else:
-                        out.append(line)
-                        taken += 1
-        finally:
-            response.release_conn()
-        return taken, stopped
+        used, more = take(data, mark, limit=limit, ended=ended, budget=budget, prefix=prefix, out=out)
+        if not more:
+            mark.caught_up = sent
+        return used, more
+
+    def output_tail(self, handle: JobHandle, lines: int = 20) -> list[str]:
+        """The last ``lines`` lines of the attempt's output: one read per pod (``tailLines``, at most
+        :data:`TAIL_PODS` pods), merged by their timestamps, ``rank N:`` prefixed for multi-node attempts."""
+        if lines <= 0:
+            return []
+        multi = int(handle.extra.get("nodes") or 1) > 1
+        stamped: list[tuple[tuple[int, int], int, str]] = []
+        for pod in self._attempt_pods(handle)[:TAIL_PODS]:
+            name = str(pod["metadata"]["name"])
+            query: list[tuple[str, Any]] = [
+                ("container", CONTAINER),
+                ("timestamps", "true"),
+                ("tailLines", lines),
+                ("limitBytes", lines * LONG_LINE_BYTES),
+            ]
+            try:
+                data = call(
+                    f"read the end of {name}'s log",
+                    lambda name=name, query=query: read_log(self._api, name, self.namespace, query),  # type: ignore[misc]
+                    attempts=POLL_ATTEMPTS,
+                )
+            except Exception as err:
+                if status_of(err) in (400, 404):
+                    continue
+                raise
+            prefix = f"rank {rank_of(pod)}: " if multi else ""
+            for raw_line in data.rstrip(b"\n").split(b"\n") if data else []:
+                key, text = split_stamped(raw_line)
+                line = prefix + clip_line(text.decode("utf-8", "replace"), MAX_LOG_LINE_CHARS)
+                stamped.append((key or (0, 0), len(stamped), line))
+        stamped.sort()
+        return [line for _, _, line in stamped[-lines:]]
 
     def console_url(self, handle: JobHandle) -> str | None:
         if not self.dashboard_url:

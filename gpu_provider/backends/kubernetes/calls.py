@@ -124,3 +124,24 @@ def exists(fn: Callable[[], Any]) -> bool:
             return False
         raise
     return True
+
+
+def read_log(api: Api, pod: str, namespace: str, query: list[tuple[str, Any]]) -> bytes:
+    """One read of a pod's log (``GET .../pods/<pod>/log``) with the query given as is: the ``kubernetes``
+    client's ``read_namespaced_pod_log`` has no ``sinceTime``. The answer is bounded by the caller's
+    ``limitBytes`` or ``tailLines``."""
+    response = api.core.api_client.call_api(
+        "/api/v1/namespaces/{namespace}/pods/{name}/log",
+        "GET",
+        {"name": pod, "namespace": namespace},
+        query,
+        {"Accept": "text/plain"},
+        auth_settings=["BearerToken"],  # no response type: the raw answer is read (_preload_content=False)
+        _return_http_data_only=True,
+        _preload_content=False,
+        _request_timeout=REQUEST_TIMEOUT,
+    )
+    try:
+        return bytes(response.data or b"")
+    finally:
+        response.release_conn()

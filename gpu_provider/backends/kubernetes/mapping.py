@@ -10,7 +10,9 @@ the same way, or the least advanced state of its pods while it runs. Objects are
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -41,9 +43,14 @@ STATE_TABLE: dict[str, JobState] = {
     "Succeeded": JobState.SUCCEEDED,
     "Failed": JobState.FAILED,
     "Failed:DeadlineExceeded": JobState.FAILED,
-    # taken away from the program: spot reclaim, eviction, node drained or gone
+    # taken away from the program: spot reclaim, eviction under node pressure, node drained or gone
+    # (which words mean which: :data:`TAKEN_TABLE`)
     "Failed:DisruptionTarget": JobState.PREEMPTED,
     "Failed:Evicted": JobState.PREEMPTED,
+    # evicted for the job's own use: past its ephemeral-storage limit, or past its request while the
+    # node ran short; a new attempt would do the same, so it is the job's failure, not an interruption
+    "Failed:Evicted:OverLimit": JobState.FAILED,
+    "Failed:Evicted:OverRequest": JobState.FAILED,
     "Failed:NodeLost": JobState.PREEMPTED,
     "Failed:NodeShutdown": JobState.PREEMPTED,
     "Failed:Terminated": JobState.PREEMPTED,
@@ -59,8 +66,119 @@ STATE_TABLE: dict[str, JobState] = {
     "Job:FailureTarget:DisruptionTarget": JobState.PREEMPTED,
 }
 
-#: pod status reasons that mean the node or the pod was taken away (not the program's fault)
-_TAKEN_REASONS = ("Evicted", "NodeLost", "NodeShutdown", "Terminated")
+
+@dataclass(frozen=True)
+class TakenRow:
+    """One way Kubernetes says a pod was taken away, and what it means.
+
+    :param source: where the words are: ``Evicted`` (the pod's ``status.reason``, ``pattern``
+        searched in ``status.message``), ``DisruptionTarget:<reason>`` (the pod's condition,
+        ``*`` for any reason) or another ``status.reason``
+    :param pattern: a regular expression searched in the message (``""``: any message)
+    :param remote: the remote state it gives (a key of :data:`STATE_TABLE`)
+    :param example: the service's real words, as the kubelet or a controller writes them
+    """
+
+    source: str
+    pattern: str
+    remote: str
+    example: str
+
+
+#: the kubelet's own-usage words (``pkg/kubelet/eviction/helpers.go``): a container past its request
+#: under node pressure (``which exceeds its request of``; before Kubernetes 1.2x ``request is ... has
+#: larger consumption of``)
+_OVER_REQUEST = r"Container \S+ was using \S+?, (?:which exceeds its request of|request is) "
+
+#: every service string this backend maps, first match wins (each row is a test:
+#: ``tests/backends/faults/test_classification_kubernetes.py``)
+TAKEN_TABLE: tuple[TakenRow, ...] = (
+    # the kubelet's limit evictions (no node pressure; no DisruptionTarget condition): the job's own use
+    TakenRow(
+        "Evicted",
+        r"Pod ephemeral local storage usage exceeds the total limit of containers",
+        "Failed:Evicted:OverLimit",
+        "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ",
+    ),
+    TakenRow(
+        "Evicted",
+        r"Container \S+ exceeded its local ephemeral storage limit",
+        "Failed:Evicted:OverLimit",
+        'Container main exceeded its local ephemeral storage limit "1Gi". ',
+    ),
+    TakenRow(
+        "Evicted",
+        r"Usage of EmptyDir volume \S+ exceeds the limit",
+        "Failed:Evicted:OverLimit",
+        'Usage of EmptyDir volume "scratch" exceeds the limit "256Mi". ',
+    ),
+    # node pressure: the kubelet names the containers past their request (the job used more than it asked)
+    TakenRow(
+        "Evicted",
+        _OVER_REQUEST,
+        "Failed:Evicted:OverRequest",
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. Container main was "
+        "using 30Gi, which exceeds its request of 16Gi. ",
+    ),
+    TakenRow(
+        "Evicted",
+        _OVER_REQUEST,
+        "Failed:Evicted:OverRequest",
+        "The node was low on resource: memory. Container main was using 30Gi, request is 16Gi, has larger "
+        "consumption of memory. ",
+    ),
+    # node pressure with the job inside its requests: the node's problem, an interruption
+    TakenRow(
+        "Evicted",
+        r"The node was low on resource",
+        "Failed:Evicted",
+        "The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, available: 9Gi. ",
+    ),
+    TakenRow(
+        "Evicted",
+        r"The node had condition",
+        "Failed:Evicted",
+        "The node had condition: [DiskPressure]. ",
+    ),
+    TakenRow("Evicted", "", "Failed:Evicted", "Pod was evicted"),
+    # DisruptionTarget (Kubernetes >= 1.26): someone else ended the pod
+    TakenRow(
+        "DisruptionTarget:TerminationByKubelet",
+        _OVER_REQUEST,
+        "Failed:Evicted:OverRequest",
+        "The node was low on resource: memory. Container main was using 30Gi, which exceeds its request of 16Gi. ",
+    ),
+    TakenRow(
+        "DisruptionTarget:TerminationByKubelet",
+        "",
+        "Failed:DisruptionTarget",
+        "Pod was terminated in response to imminent node shutdown.",
+    ),
+    TakenRow(
+        "DisruptionTarget:PreemptionByScheduler",
+        "",
+        "Failed:DisruptionTarget",
+        "default-scheduler: preempting to accommodate a higher priority pod",
+    ),
+    TakenRow(
+        "DisruptionTarget:EvictionByEvictionAPI",
+        "",
+        "Failed:DisruptionTarget",
+        "Eviction API: evicting",  # a drain; Karpenter's disruption (spot interruption, consolidation, expiry)
+    ),
+    TakenRow(
+        "DisruptionTarget:DeletionByTaintManager",
+        "",
+        "Failed:DisruptionTarget",
+        "Taint manager: deleting due to NoExecute taint",
+    ),
+    TakenRow("DisruptionTarget:DeletionByPodGC", "", "Failed:DisruptionTarget", "PodGC: node no longer exists"),
+    TakenRow("DisruptionTarget:*", "", "Failed:DisruptionTarget", "any other disruption"),
+    # older kubelets and controllers: a status reason only
+    TakenRow("NodeLost", "", "Failed:NodeLost", "Node ip-10-0-1-2 which was running pod p is unresponsive"),
+    TakenRow("NodeShutdown", "", "Failed:NodeShutdown", "Pod was rejected as the node is shutting down."),
+    TakenRow("Terminated", "", "Failed:Terminated", "Pod was terminated in response to imminent node shutdown."),
+)
 #: annotation set by :meth:`KubernetesBackend.cancel` before it deletes an object
 CANCEL_ANNOTATION = names.TAG_PREFIX + "cancel-reason"
 #: Event reasons of this provider's tombstones: what a poll reads once the object is gone
@@ -95,6 +213,30 @@ def main_container(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return statuses[0] if statuses else {}
 
 
+def taken_state(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The remote state of a failed pod that was taken away (:data:`TAKEN_TABLE`), with the service's
+    words; ``None`` when nothing says so (the program ended by itself)."""
+    status = pod.get("status") or {}
+    reason, message = str(status.get("reason") or ""), str(status.get("message") or "")
+    disrupted = condition(pod, "DisruptionTarget")
+    if reason == "Evicted":
+        sources = ["Evicted"]
+    elif disrupted is not None:
+        cause = str(disrupted.get("reason") or "")
+        sources = [f"DisruptionTarget:{cause}", "DisruptionTarget:*"]
+        message = _words(disrupted.get("message"), message if message != disrupted.get("message") else "")
+        reason = "DisruptionTarget"
+        if cause:
+            reason = f"DisruptionTarget: {cause}"
+    else:
+        sources = [reason] if reason else []
+    for source in sources:
+        for row in TAKEN_TABLE:
+            if row.source == source and (not row.pattern or re.search(row.pattern, message)):
+                return row.remote, _words(reason, message.strip())
+    return None
+
+
 def pod_remote_state(pod: Mapping[str, Any]) -> tuple[str, str]:
     """The pod's remote state (a key of :data:`STATE_TABLE`) and the service's words about it."""
     status = pod.get("status") or {}
@@ -120,14 +262,12 @@ def pod_remote_state(pod: Mapping[str, Any]) -> tuple[str, str]:
             return "Pending:ContainerCreating", "ContainerCreating"
         return "Pending", "waiting to be scheduled"
     if phase == "Failed":
-        disrupted = condition(pod, "DisruptionTarget")
         terminated = state.get("terminated") or {}
-        if disrupted is not None:
-            return "Failed:DisruptionTarget", _words(
-                "DisruptionTarget", disrupted.get("reason"), disrupted.get("message")
-            )
+        taken = taken_state(pod)
+        if taken is not None:
+            return taken
         reason = str(status.get("reason") or "")
-        if reason in _TAKEN_REASONS or reason == "DeadlineExceeded":
+        if reason == "DeadlineExceeded":
             return f"Failed:{reason}", _words(reason, status.get("message"))
         return "Failed", _words(terminated.get("reason"), terminated.get("message"))
     if phase == "Running" and (disrupted := condition(pod, "DisruptionTarget")) is not None:
@@ -135,6 +275,10 @@ def pod_remote_state(pod: Mapping[str, Any]) -> tuple[str, str]:
             "DisruptionTarget", disrupted.get("reason"), disrupted.get("message")
         )
     return phase, str(status.get("reason") or "")
+
+
+def _ended(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Failed"
 
 
 def _words(*parts: Any) -> str:
@@ -170,8 +314,14 @@ def job_remote_state(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) 
         cond = condition(job, kind)
         if cond is not None:
             reason, message = str(cond.get("reason") or ""), str(cond.get("message") or "")
+            taken = [t for t in (taken_state(p) for p in pods if condition(p, "DisruptionTarget") or _ended(p)) if t]
+            own = [t for t in taken if STATE_TABLE.get(t[0]) is JobState.FAILED]
+            if own:  # a rank evicted for its own use (past a limit or its request): the job's failure
+                return f"Job:{kind}", _words(reason, message, own[0][1])
             disrupted = any(condition(p, "DisruptionTarget") is not None for p in pods)
             if reason == "PodFailurePolicy" and f"rule at index {DISRUPTION_RULE_INDEX}" in message:
+                disrupted = True
+            if any(STATE_TABLE.get(t[0]) is JobState.PREEMPTED for t in taken):
                 disrupted = True
             if disrupted:
                 return f"Job:{kind}:DisruptionTarget", _words(reason, message)
@@ -199,8 +349,13 @@ def job_remote_state(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]]) 
         order = _ORDER.index(state) if state in _ORDER else 0
         if worst is None or order < worst[0]:
             worst = (order, remote, f"rank {rank_of(pod)}: {why}" if why else "")
-    if worst is None or len(active) < nodes:
-        return "Pending", f"{len(active)} of {nodes} pods created"
+    # a rank that finished its work counts as created (its pod ended Succeeded before the others)
+    finished = {rank_of(p) for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"}
+    created = len(active) + len(finished - {rank_of(p) for p in active})
+    if created < nodes:
+        return "Pending", f"{created} of {nodes} pods created"
+    if worst is None:  # every rank ended well; the Job controller has not marked it complete yet
+        return "Running", f"{len(finished)} of {nodes} ranks finished"
     return worst[1], worst[2]
 
 

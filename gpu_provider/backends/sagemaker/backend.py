@@ -52,6 +52,7 @@ from gpu_provider.backends.base import (
     OwnerRead,
     PollResult,
     TaskKey,
+    clip_line,
     lookup_key,
     map_state,
     provider_config,
@@ -71,6 +72,8 @@ log = logging.getLogger(__name__)
 
 SERVICE = "Amazon SageMaker"
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+#: host streams :meth:`SageMakerBackend.output_tail` reads from the end (one GetLogEvents each)
+TAIL_STREAMS = 8
 #: where SageMaker mirrors CheckpointConfig.S3Uri inside the container
 CHECKPOINT_LOCAL_PATH = "/opt/ml/checkpoints"
 #: where the container finds SageMaker's resourceconfig.json (hosts of the job)
@@ -914,34 +917,7 @@ class SageMakerBackend(Backend):
         """Every host's CloudWatch stream (``<job>/algo-<n>-<epoch>``), each line prefixed with its host."""
         state = LogCursor.load(cursor)
         client = self._client("logs")
-        found: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamNamePrefix": f"{handle.job_id}/"}
-            if token:
-                kwargs["nextToken"] = token
-            try:
-                page = call(
-                    "DescribeLogStreams",
-                    lambda kwargs=kwargs: client.describe_log_streams(**kwargs),  # type: ignore[misc]
-                    attempts=POLL_ATTEMPTS,
-                    service="CloudWatch Logs",
-                )
-            except Exception as err:
-                if error_code(err) == "ResourceNotFoundException":
-                    return LogChunk(lines=[], cursor=cursor, more=False)  # no log group yet
-                raise
-            found.extend(page.get("logStreams") or [])
-            token = page.get("nextToken")
-            if not token:
-                break
-        # in the order they began (a restart inside the job adds new streams), host order within one run
-        found.sort(key=lambda s: (int(s.get("creationTime") or 0), str(s.get("logStreamName"))))
-        streams = []
-        for stream in found:
-            stream_name = str(stream["logStreamName"])
-            host = stream_name[len(handle.job_id) + 1 :].rpartition("-")[0] or stream_name
-            streams.append((f"[{host}] ", stream_name))
+        streams = self._host_streams(handle)
         if not streams:
             return LogChunk(lines=[], cursor=cursor, more=False)
 
@@ -960,6 +936,66 @@ class SageMakerBackend(Backend):
 
         lines, more = read_streams(get_page, LOG_GROUP, streams, state, max_bytes)
         return log_chunk(lines, state, more)
+
+    def _host_streams(self, handle: JobHandle) -> list[tuple[str, str]]:
+        """The job's CloudWatch streams as ``(prefix, stream)``, in the order they began (a restart inside
+        the job adds new streams), host order within one run; ``[]`` before the log group exists."""
+        client = self._client("logs")
+        found: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"logGroupName": LOG_GROUP, "logStreamNamePrefix": f"{handle.job_id}/"}
+            if token:
+                kwargs["nextToken"] = token
+            try:
+                page = call(
+                    "DescribeLogStreams",
+                    lambda kwargs=kwargs: client.describe_log_streams(**kwargs),  # type: ignore[misc]
+                    attempts=POLL_ATTEMPTS,
+                    service="CloudWatch Logs",
+                )
+            except Exception as err:
+                if error_code(err) == "ResourceNotFoundException":
+                    return []  # no log group yet
+                raise
+            found.extend(page.get("logStreams") or [])
+            token = page.get("nextToken")
+            if not token:
+                break
+        found.sort(key=lambda s: (int(s.get("creationTime") or 0), str(s.get("logStreamName"))))
+        streams = []
+        for stream in found:
+            stream_name = str(stream["logStreamName"])
+            host = stream_name[len(handle.job_id) + 1 :].rpartition("-")[0] or stream_name
+            streams.append((f"[{host}] ", stream_name))
+        return streams
+
+    def output_tail(self, handle: JobHandle, lines: int = 20) -> list[str]:
+        """The last ``lines`` log lines of the attempt: one GetLogEvents from the end of each of the
+        last :data:`TAIL_STREAMS` host streams (those of its last run), merged by time."""
+        if lines <= 0:
+            return []
+        client = self._client("logs")
+        events: list[tuple[int, int, str]] = []
+        for label, stream in self._host_streams(handle)[-TAIL_STREAMS:]:
+            try:
+                page = call(
+                    "GetLogEvents",
+                    lambda stream=stream: client.get_log_events(  # type: ignore[misc]
+                        logGroupName=LOG_GROUP, logStreamName=stream, startFromHead=False, limit=lines
+                    ),
+                    attempts=POLL_ATTEMPTS,
+                    service="CloudWatch Logs",
+                )
+            except Exception as err:
+                if error_code(err) == "ResourceNotFoundException":
+                    continue
+                raise
+            for event in page.get("events") or []:
+                message = clip_line(str(event.get("message", "")).rstrip("\n"))
+                events.append((int(event.get("timestamp") or 0), len(events), label + message))
+        events.sort()
+        return [line for _, _, line in events[-lines:]]
 
     def console_url(self, handle: JobHandle) -> str | None:
         return mapping.console_url(str(handle.extra.get("region") or self.region), handle.name)

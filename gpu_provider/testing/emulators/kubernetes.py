@@ -8,7 +8,8 @@ points a client at it):
   create (409 on a name in use), get, list with label selectors (``=``, ``!=``, ``in``, ``notin``,
   exists) and field selectors (``a.b=c``), ``limit``/``continue`` paging, merge patch, delete with
   ``propagationPolicy`` (Foreground keeps a Job until its pods are gone; ``ownerReferences`` are
-  garbage-collected), pod logs, and watches (``?watch=true``: newline-delimited events, streamed
+  garbage-collected), pod logs (``timestamps``, ``sinceTime`` in whole seconds as the kubelet gets it,
+  ``sinceSeconds``, ``tailLines``, ``limitBytes``), and watches (``?watch=true``: newline-delimited events, streamed
   until ``timeoutSeconds``).
 * A scheduler standing in for Karpenter: a pending pod gets a node of the capacity type and
   NodePool its ``nodeSelector`` asks for after ``node_delay`` seconds (one node per pod), unless
@@ -25,10 +26,13 @@ points a client at it):
   ``backoffLimit``, ``activeDeadlineSeconds``; ``Complete``/``SuccessCriteriaMet`` and
   ``FailureTarget``/``Failed`` conditions. Pods' ``activeDeadlineSeconds`` too.
 * Faults from tests: :meth:`reclaim` takes a spot node back (its pods get a ``DisruptionTarget``
-  condition, SIGTERM, and end ``Failed``), :meth:`set_shortage`, :meth:`forget` (an object vanishes
+  condition, SIGTERM, and end ``Failed``), :meth:`evict` ends a pod with one of the kubelet's or a
+  controller's eviction shapes (past a storage limit, past its request, node pressure, preemption,
+  ...), :meth:`set_shortage`, :meth:`forget` (an object vanishes
   without a trace), :meth:`report_phase` (a phase no Kubernetes has), request throttling through
   :class:`gpu_provider.testing.emulators.core.Faults` (HTTP 429), and a request log
-  (:class:`gpu_provider.testing.emulators.core.RequestLog`).
+  (:class:`gpu_provider.testing.emulators.core.RequestLog`; each answered read also records the
+  objects and bytes it returned).
 
 What it does not do, on purpose: no admission, no schema validation (tests validate manifests with
 ``kubernetes-validate``), no RBAC, no resource accounting (a node per pod, any number), no
@@ -61,6 +65,7 @@ from urllib.parse import parse_qs, urlparse
 
 from gpu_provider.testing.emulators.core import Faults, RequestLog
 from gpu_provider.testing.emulators.kubernetes_pods import (
+    EVICTIONS,
     Container,
     PodRunner,
     field_value,
@@ -309,6 +314,42 @@ class KubernetesEmulator(PodRunner):
             logger.info("reclaimed spot node %s (pod %s/%s): DisruptionTarget", node, namespace, pod_name)
             return str(node)
 
+    def evict(self, pod_name: str, shape: str, namespace: str = "default") -> None:
+        """End a running pod as the kubelet or a controller does for one eviction shape of
+        :data:`~gpu_provider.testing.emulators.kubernetes_pods.EVICTIONS` (``pod-storage-limit``,
+        ``memory-over-request``, ``memory-pressure``, ``preemption``, ...): its ``status.reason`` and
+        ``message``, a ``DisruptionTarget`` condition where that shape has one, and its process stopped
+        (SIGKILL for the kubelet's limit evictions, which give no grace period; SIGTERM otherwise)."""
+        if shape not in EVICTIONS:
+            raise ValueError(f"shape={shape!r}: allowed {', '.join(sorted(EVICTIONS))}")
+        reason, message, cause = EVICTIONS[shape]
+        with self._lock:
+            key = (namespace, pod_name)
+            pod = self._store["pods"].get(key)
+            if pod is None or pod["status"].get("phase") not in ("Running", "Pending"):
+                raise KeyError(f"pod {namespace}/{pod_name} is not running")
+            if cause is not None:
+                pod["status"].setdefault("conditions", []).append(
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": cause,
+                        "message": message,
+                        "lastTransitionTime": now_rfc3339(),
+                    }
+                )
+                pod["metadata"]["_disrupted"] = True
+            pod["metadata"]["_evicted"] = {"reason": reason, "message": message}
+            self._touch("pods", pod, "MODIFIED")
+            container = self._containers.get(key)
+            if container is None:
+                self._finish_pod(key, pod, None)
+            elif cause is None:
+                container.signal(signal.SIGKILL)
+            else:
+                container.signal(signal.SIGTERM)
+                container.term_at = time.time()
+
     def reclaim_after(self, seconds: float, *, name_contains: str = "", count: int = 1) -> None:
         """Reclaim the spot node of the next ``count`` pods on spot nodes (with ``name_contains`` in their
         name) ``seconds`` after each starts running."""
@@ -343,8 +384,10 @@ class KubernetesEmulator(PodRunner):
 
     def requests(self, action: str | None = None, *, since: int = 0) -> list[dict[str, Any]]:
         """API requests received, oldest first: ``{"action", "body", "throttled", "lost", "time", "status",
-        "client"}``; ``action`` is ``verb kind[/sub]`` (``get pods``, ``watch events``), ``body`` holds the
-        path, query and body; ``client`` is the bearer token the request carried (see :meth:`kubeconfig`)."""
+        "client"}``, and for an answered read ``objects`` (items of a LIST, 1 for a GET, 0 for a log) and
+        ``bytes`` (the answer's size); ``action`` is ``verb kind[/sub]`` (``get pods``, ``watch events``),
+        ``body`` holds the path, query and body; ``client`` is the bearer token the request carried (see
+        :meth:`kubeconfig`)."""
         return self.log.requests(action, since=since)
 
     def reset(self) -> None:
@@ -527,7 +570,7 @@ class KubernetesEmulator(PodRunner):
                 if wanted(obj):
                     yield {"type": event, "object": obj}
 
-    def pod_log(self, namespace: str, name: str) -> bytes:
+    def pod_log(self, namespace: str, name: str, query: dict[str, str] | None = None) -> bytes:
         with self._lock:
             pod = self._obj("pods", namespace, name)
             container = self._containers.get((namespace, name))
@@ -538,7 +581,7 @@ class KubernetesEmulator(PodRunner):
                     "BadRequest",
                     f'container "main" in pod "{name}" is waiting to start: {waiting.get("reason", "PodInitializing")}',
                 )
-        return container.text()
+        return container.read(query or {})
 
 
 def _public(obj: dict[str, Any]) -> dict[str, Any]:
@@ -605,8 +648,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             if method == "GET" and sub == "log":
-                entry["status"] = 200
-                self._send(200, emulator.pod_log(ns or "default", name or ""), "text/plain")
+                text = emulator.pod_log(ns or "default", name or "", query)
+                entry.update(status=200, bytes=len(text), objects=0)
+                self._send(200, text, "text/plain")
                 return
             if method == "GET" and watching:
                 self._stream(emulator.watch(kind, ns, query))
@@ -629,7 +673,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(err.code, err.body())
             return
         entry["status"] = code
-        self._send(code, answer)
+        # what the answer cost: objects sent (a LIST's items, else one) and bytes
+        entry["objects"] = len(answer.get("items") or []) if str(answer.get("kind", "")).endswith("List") else 1
+        data = json.dumps(answer).encode()
+        entry["bytes"] = len(data)
+        self._send(code, data)
 
     def _stream(self, events: Iterator[dict[str, Any]]) -> None:
         self.send_response(200)

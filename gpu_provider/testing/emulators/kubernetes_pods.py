@@ -51,12 +51,64 @@ def field_value(obj: dict[str, Any], path: str) -> str:
 # --- running containers --------------------------------------------------------------------------------
 
 
+#: how the kubelet ends a pod it evicts, by shape (:meth:`KubernetesEmulator.evict`): the pod's
+#: ``status.reason`` and ``status.message``, and the reason of its ``DisruptionTarget`` condition
+#: (``None``: no condition, as for the kubelet's limit evictions); the kubelet's and controllers' own words
+EVICTIONS: dict[str, tuple[str, str, str | None]] = {
+    "pod-storage-limit": (
+        "Evicted",
+        "Pod ephemeral local storage usage exceeds the total limit of containers 1Gi. ",
+        None,
+    ),
+    "container-storage-limit": ("Evicted", 'Container main exceeded its local ephemeral storage limit "1Gi". ', None),
+    "emptydir-limit": ("Evicted", 'Usage of EmptyDir volume "scratch" exceeds the limit "256Mi". ', None),
+    "memory-over-request": (
+        "Evicted",
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. Container main was using "
+        "30Gi, which exceeds its request of 16Gi. ",
+        "TerminationByKubelet",
+    ),
+    "memory-pressure": (
+        "Evicted",
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. ",
+        "TerminationByKubelet",
+    ),
+    "disk-pressure": ("Evicted", "The node had condition: [DiskPressure]. ", "TerminationByKubelet"),
+    "node-shutdown": (
+        "Terminated",
+        "Pod was terminated in response to imminent node shutdown.",
+        "TerminationByKubelet",
+    ),
+    "preemption": ("", "default-scheduler: preempting to accommodate a higher priority pod", "PreemptionByScheduler"),
+    "taint-manager": ("", "Taint manager: deleting due to NoExecute taint", "DeletionByTaintManager"),
+    "eviction-api": ("", "Eviction API: evicting", "EvictionByEvictionAPI"),
+}  # fmt: skip
+
+
+def rfc3339_nano(ns: int) -> str:
+    """A time in nanoseconds as Go's ``RFC3339Nano`` writes it (UTC, trailing zeros of the fraction dropped)."""
+    seconds, fraction = divmod(ns, 10**9)
+    text = datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return text + (f".{fraction:09d}".rstrip("0") if fraction else "") + "Z"
+
+
+def parse_rfc3339_ns(text: str) -> int:
+    """An RFC 3339 time (fraction and offset optional) in nanoseconds since the epoch."""
+    found = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)", text.strip())
+    if found is None:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    base, fraction, zone = found.groups()
+    seconds = int(datetime.fromisoformat(base + ("+00:00" if zone == "Z" else zone)).timestamp())
+    return seconds * 10**9 + int((fraction or "").ljust(9, "0") or 0)
+
+
 class Container:
-    """The process of one pod's container and its log."""
+    """The process of one pod's container and its log (each line with the time it was written, as the
+    container runtime's log file keeps it)."""
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self.proc = proc
-        self.log = bytearray()
+        self.lines: list[tuple[int, bytes]] = []
         self.lock = threading.Lock()
         self.reader = threading.Thread(target=self._pump, daemon=True)
         self.reader.start()
@@ -66,12 +118,34 @@ class Container:
         assert self.proc.stdout is not None
         for line in iter(self.proc.stdout.readline, b""):
             with self.lock:
-                self.log.extend(line)
+                self.lines.append((time.time_ns(), line))
         self.proc.stdout.close()
 
     def text(self) -> bytes:
         with self.lock:
-            return bytes(self.log)
+            return b"".join(line for _, line in self.lines)
+
+    def read(self, query: dict[str, str]) -> bytes:
+        """The log as the kubelet serves it for the query's ``sinceTime`` (whole seconds: the API server
+        passes it on to the kubelet in RFC 3339 without a fraction), ``sinceSeconds``, ``tailLines``,
+        ``timestamps`` and ``limitBytes``."""
+        with self.lock:
+            entries = list(self.lines)
+        since: int | None = None
+        if query.get("sinceTime"):
+            since = parse_rfc3339_ns(query["sinceTime"]) // 10**9 * 10**9
+        elif query.get("sinceSeconds"):
+            since = time.time_ns() - int(query["sinceSeconds"]) * 10**9
+        if since is not None:
+            entries = [e for e in entries if e[0] >= since]
+        if query.get("tailLines") is not None:
+            tail = int(query["tailLines"])
+            entries = entries[-tail:] if tail > 0 else []
+        stamped = str(query.get("timestamps")).lower() in ("true", "1")
+        out = b"".join((rfc3339_nano(t).encode() + b" " + line) if stamped else line for t, line in entries)
+        if query.get("limitBytes"):
+            out = out[: int(query["limitBytes"])]
+        return out
 
     def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -278,6 +352,9 @@ class PodRunner:
                     "message": "Pod was active on the node longer than the specified deadline",
                 }
             )
+        elif meta.get("_evicted"):
+            evicted = meta["_evicted"]
+            status.update({"phase": "Failed", "reason": evicted["reason"], "message": evicted["message"]})
         elif meta.get("_disrupted"):
             status.update({"phase": "Failed", "reason": reason or "", "message": "spot node reclaimed"})
         else:
