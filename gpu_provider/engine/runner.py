@@ -17,7 +17,15 @@ from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Wait, describe
 from gpu_provider.engine.logs import LogForwarder
-from gpu_provider.engine.watch import BUDGET, CAPACITY_TIMEOUT, DEADLINE, QUEUE_TIMEOUT, RESTART_LIMIT, AttemptWatch
+from gpu_provider.engine.watch import (
+    BUDGET,
+    CAPACITY_TIMEOUT,
+    DEADLINE,
+    NEVER_STARTS,
+    QUEUE_TIMEOUT,
+    RESTART_LIMIT,
+    AttemptWatch,
+)
 from gpu_provider.exceptions import (
     GpuJobBudgetError,
     GpuJobCancelledError,
@@ -233,6 +241,8 @@ class AttemptRunner:
             record.interruption = names.PREEMPTED
         elif outcome == BUDGET:
             return self._over_budget(record, status)
+        elif outcome == NEVER_STARTS:
+            return self._never_starts(record)
         elif outcome in (QUEUE_TIMEOUT, DEADLINE):
             what = (
                 f"still queued after queue_timeout={self.queue_timeout_s or 0:.0f}s"
@@ -246,9 +256,69 @@ class AttemptRunner:
             error = GpuJobDeadlineError(f"{self.where(record)} was {what}; it was cancelled and this try fails.{tail}")
             return Fail(error, record)
         else:
+            if status.never_starts and status.state.terminal:
+                self._remove_unstarted(record, status)
             engine.saw(record, status)
         self.persist()
         return engine.ended(record, stopped_by_kill=self.stop.is_set())
+
+    def _remove_unstarted(self, record: AttemptRecord, status: JobStatus) -> None:
+        """The backend's verdict on an attempt that never started is final (it can never start, or it
+        waited past the backend's own startup limit), but the service still holds it: this try, the
+        owner (read fresh), removes it. Without fresh evidence it is left alone, and said so."""
+        fresh = poll_one(self.backend, record.handle)
+        if fresh is None or not fresh.never_starts:
+            if fresh is None:
+                self.log.warning(
+                    "%s ended before it started (%s), but its owner could not be read now: left alone.",
+                    self.where(record),
+                    status.never_starts,
+                )
+            return
+        if fresh.owner_try is not None and fresh.owner_try != self.engine.try_number:
+            self.log.warning(
+                "%s ended before it started, but Airflow try %d owns it: left to its owner.",
+                self.where(record),
+                fresh.owner_try,
+            )
+            return
+        mark = names.UNRUNNABLE_MARK if status.state is JobState.FAILED else ""
+        self.cancel(record, f"{mark}{fresh.never_starts}")
+
+    def _never_starts(self, record: AttemptRecord) -> Step:
+        """The service said the queued attempt can never start as submitted: read it again, and if this try
+        still owns it and it still cannot start, stop it and fail (it would hold its queue forever)."""
+        engine = self.engine
+        fresh = poll_one(self.backend, record.handle)
+        if fresh is None:  # no fresh evidence: keep waiting (the next sample decides again)
+            self.stop.wait(self.cancel_retry_s)
+            return Wait(record)
+        if fresh.state is not JobState.QUEUED or not fresh.never_starts:
+            engine.saw(record, fresh)
+            self.persist()
+            return engine.ended(record) if fresh.state.terminal else Wait(record)
+        if fresh.owner_try is not None and fresh.owner_try != engine.try_number:
+            engine.saw(record, fresh)
+            self.persist()
+            return Fail(
+                GpuJobCancelledError(
+                    f"{self.where(record)} can never start ({fresh.never_starts}), but Airflow try "
+                    f"{fresh.owner_try} owns it, not this try ({engine.try_number}): it is left to its owner."
+                )
+            )
+        reason = f"{names.UNRUNNABLE_MARK}{fresh.never_starts}; stopped by {self.label}"
+        if not self.cancel(record, reason):
+            self.stop.wait(self.cancel_retry_s)
+            return Wait(record)
+        ended = {"state": JobState.FAILED.value, "reason": fresh.never_starts, "ended_at": time.time()}
+        engine.saw(record, JobStatus.from_dict({**fresh.to_dict(), **ended}))
+        self.persist()
+        error = GpuJobFailedError(
+            f"{self.where(record)} can never start: the service says {fresh.never_starts}. This try, which owns "
+            "the job, cancelled it instead of letting it wait in the queue forever, and fails. Fix the job's "
+            "resources (gpus, cpu, memory) or the compute environments behind its queue, then clear the task."
+        )
+        return Fail(error, record)
 
     def _over_budget(self, record: AttemptRecord, status: JobStatus) -> Step:
         """The attempt's running cost crossed the task's budget: stop the job, and the try (not retried)."""

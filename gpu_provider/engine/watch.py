@@ -19,6 +19,7 @@ from gpu_provider.names import (
     CAPACITY_TIMEOUT,
     EVENT_BUDGET,
     EVENT_DEADLINE,
+    EVENT_NEVER_STARTS,
     EVENT_QUEUE_TIMEOUT,
     EVENT_RESTART_LIMIT,
 )
@@ -32,6 +33,7 @@ QUEUE_TIMEOUT = EVENT_QUEUE_TIMEOUT
 DEADLINE = EVENT_DEADLINE
 RESTART_LIMIT = EVENT_RESTART_LIMIT
 BUDGET = EVENT_BUDGET
+NEVER_STARTS = EVENT_NEVER_STARTS
 
 __all__ = [
     "BUDGET",
@@ -39,6 +41,7 @@ __all__ = [
     "DEADLINE",
     "ENDED",
     "MAX_POLL_ERRORS",
+    "NEVER_STARTS",
     "QUEUE_TIMEOUT",
     "RESTART_LIMIT",
     "AttemptWatch",
@@ -57,6 +60,8 @@ class AttemptWatch:
         given up (``RESTART_LIMIT``: the capacity policy wants its next attempt); ``None``: never
     :param log: where the job's log lines and the warnings go (the task's or the trigger's logger)
     :param stream_logs: copy the job's new log lines into ``log`` with every status read
+    :param owner: the wait is the owning task's (``NEVER_STARTS`` ends it so the task can stop the job);
+        ``False`` for a task that only watches someone else's job: it waits on, and changes nothing
     :param cost_limit: the attempt's running budget (:meth:`gpu_provider.spend.budget.SpendControl.cost_limit`):
         ``BUDGET`` once its GPU-seconds x ``usd_per_gpu_second`` reach ``remaining_usd``
     """
@@ -73,8 +78,10 @@ class AttemptWatch:
         stream_logs: bool = True,
         restart_limit: int | None = None,
         cost_limit: dict[str, float] | None = None,
+        owner: bool = True,
     ) -> None:
         self.backend = backend
+        self.owner = owner
         self.cost_limit = cost_limit
         self.handle = handle
         self.capacity_wait = capacity_wait
@@ -131,7 +138,8 @@ class AttemptWatch:
         """Take one status sample (does I/O: reads the job's new log lines).
 
         :return: ``ENDED``, ``CAPACITY_TIMEOUT``, ``QUEUE_TIMEOUT``, ``DEADLINE``, ``RESTART_LIMIT``,
-            ``BUDGET`` or ``None`` to keep waiting
+            ``BUDGET``, ``NEVER_STARTS`` (the service says the queued job can never start; the owning
+            task decides what to do, the read changed nothing) or ``None`` to keep waiting
         """
         self.errors = 0
         if self.stream_logs:
@@ -164,6 +172,8 @@ class AttemptWatch:
         if status.reason and status.reason != self._queue_reason:
             self._queue_reason = status.reason
             self.log.info("%s job %s is queued: %s", self.backend.name, self.handle.job_id, status.reason)
+        if status.never_starts and self.owner:
+            return NEVER_STARTS
         if self.capacity_wait is not None and self.waited() > self.capacity_wait:
             return CAPACITY_TIMEOUT
         if self.queue_timeout is not None and self.waited() > self.queue_timeout:

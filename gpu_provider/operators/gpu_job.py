@@ -31,7 +31,15 @@ from gpu_provider.backends.base import (
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, poll_one, recover
-from gpu_provider.engine.watch import BUDGET, CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, RESTART_LIMIT
+from gpu_provider.engine.watch import (
+    BUDGET,
+    CAPACITY_TIMEOUT,
+    DEADLINE,
+    ENDED,
+    NEVER_STARTS,
+    QUEUE_TIMEOUT,
+    RESTART_LIMIT,
+)
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
 from gpu_provider.job import is_templated, to_bool, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
@@ -303,6 +311,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             names.EVENT_DEADLINE: DEADLINE,
             names.EVENT_RESTART_LIMIT: RESTART_LIMIT,
             names.EVENT_BUDGET: BUDGET,
+            names.EVENT_NEVER_STARTS: NEVER_STARTS,
         }.get(event["status"], ENDED)
         if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
             LogForwarder(plan.backend, handle, self.log).settle()

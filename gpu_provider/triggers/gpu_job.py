@@ -26,6 +26,7 @@ from gpu_provider.engine.watch import (
     CAPACITY_TIMEOUT,
     DEADLINE,
     ENDED,
+    NEVER_STARTS,
     QUEUE_TIMEOUT,
     RESTART_LIMIT,
     AttemptWatch,
@@ -46,6 +47,7 @@ EVENT_STATUS_BY_OUTCOME = {
     DEADLINE: names.EVENT_DEADLINE,
     RESTART_LIMIT: names.EVENT_RESTART_LIMIT,
     BUDGET: names.EVENT_BUDGET,
+    NEVER_STARTS: names.EVENT_NEVER_STARTS,
 }
 
 
@@ -150,6 +152,9 @@ class GpuJobTrigger(BaseTrigger):
         trigger fires ``budget`` once the job's GPU-seconds cost that much, and the task stops the job.
     """
 
+    #: whether the task behind the trigger owns the job (and may stop it); a watching task's trigger does not
+    owns_job: bool = True
+
     def __init__(
         self,
         *,
@@ -225,6 +230,7 @@ class GpuJobTrigger(BaseTrigger):
             stream_logs=self.stream_logs,
             restart_limit=self.restart_limit,
             cost_limit=self.cost_limit,
+            owner=self.owns_job,
         )
         try:
             while True:
