@@ -39,6 +39,9 @@ from gpu_provider.records import AttemptRecord
 
 #: lines of a failed job's output quoted in the task's error
 OUTPUT_TAIL_LINES = 20
+#: after giving up on status reads with no retry left: the longest the owner read and the cancel may take
+GIVE_UP_READ_S = 10.0
+GIVE_UP_CANCEL_S = 60.0
 
 
 def recover(backend: Backend, task: TaskKey, stored: list[AttemptRecord], log: Any) -> list[AttemptRecord]:
@@ -75,6 +78,24 @@ def poll_one(backend: Backend, handle: JobHandle, *, timeout: float | None = Non
     reader.start()
     reader.join(timeout)
     return found[0] if found else None
+
+
+def cancel_within(backend: Backend, handle: JobHandle, reason: str, timeout: float) -> str | None:
+    """Cancel the job in a separate thread, giving up after ``timeout`` seconds: ``None`` when it was
+    cancelled, else why not (the service's error, or that it did not answer in time)."""
+    outcome: list[str | None] = []
+
+    def run() -> None:
+        try:
+            backend.cancel(handle, reason)
+            outcome.append(None)
+        except Exception as err:
+            outcome.append(f"{type(err).__name__}: {err}")
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return outcome[0] if outcome else f"no answer within {timeout:.0f}s"
 
 
 def _status_of(backend: Backend, handle: JobHandle) -> JobStatus | None:
@@ -186,9 +207,7 @@ class AttemptRunner:
             except Exception as err:
                 give_up = watch.failed_read(err)
                 if give_up:
-                    raise GpuJobPollError(
-                        f"{give_up}. The job may still be running: a retry of this task will reattach to it."
-                    ) from err
+                    raise GpuJobPollError(give_up) from err  # the operator decides: gave_up_reading
                 self.stop.wait(poll_interval)
                 continue
             self.on_status(status)
@@ -284,6 +303,41 @@ class AttemptRunner:
             return
         mark = names.UNRUNNABLE_MARK if status.state is JobState.FAILED else ""
         self.cancel(record, f"{mark}{fresh.never_starts}")
+
+    def gave_up_reading(self, record: AttemptRecord, why: str, *, retry: str | None) -> Fail:
+        """The wait gave up reading the attempt's status (``why``). With an Airflow retry to come (``retry``
+        says which), the job is left running and the retry reattaches to it; with none, nobody would
+        watch it again, so it is cancelled (in bounded time) unless a fresh read shows another try owns it."""
+        where = self.where(record)
+        if retry is not None:
+            return Fail(
+                GpuJobPollError(
+                    f"{where}: {why}. The job was left running: Airflow's retry ({retry}) reattaches to it, reads "
+                    "its status again and waits for it; it does not submit a second job while this one lives."
+                )
+            )
+        owner = poll_one(self.backend, record.handle, timeout=GIVE_UP_READ_S)
+        if owner is not None and owner.owner_try is not None and owner.owner_try != self.engine.try_number:
+            return Fail(
+                GpuJobPollError(
+                    f"{where}: {why}. Airflow try {owner.owner_try} owns the job now, so this try leaves it running."
+                )
+            )
+        reason = f"{why}; no Airflow retry left to watch it; cancelled by {self.label}"
+        cancelled = cancel_within(self.backend, record.handle, reason, GIVE_UP_CANCEL_S)
+        if cancelled is None:
+            self.engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
+            self.persist()
+            done = "it was cancelled, so that it does not keep running (and billing) with nobody watching it"
+        else:
+            self.log.warning("Could not cancel %s: %s", where, cancelled)
+            done = f"cancelling it failed too ({cancelled}): it may still be running, so stop it by hand" + (
+                f" ({url})" if (url := self.backend.console_url(record.handle)) else ""
+            )
+        return Fail(
+            GpuJobPollError(f"{where}: {why}. No Airflow retry is left to watch the job, so {done}."),
+            record if cancelled is None else None,
+        )
 
     def _never_starts(self, record: AttemptRecord) -> Step:
         """The service said the queued attempt can never start as submitted: read it again, and if this try

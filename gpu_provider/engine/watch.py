@@ -24,7 +24,8 @@ from gpu_provider.names import (
     EVENT_RESTART_LIMIT,
 )
 
-#: failed status reads in a row before the wait gives up (the job may still run; a retry reattaches)
+#: failed status reads in a row before the wait gives up (the owning task then leaves the job to its Airflow
+#: retry, or cancels it when no retry is left: see AttemptRunner.gave_up_reading)
 MAX_POLL_ERRORS = 20
 
 #: outcomes of :meth:`AttemptWatch.read` besides ``None`` (keep waiting)

@@ -92,6 +92,8 @@ class _Plan:
     max_runtime_s: float | None
     poll_interval: float
     try_number: int
+    retry: str | None = None
+    """The Airflow retry that follows if this try fails ("try 2 of 3"), ``None`` when none is left."""
 
 
 class GpuJobOperator(WithTemplateFilters, BaseOperator):
@@ -229,7 +231,18 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             max_runtime_s=max_runtime_s,
             poll_interval=self.poll_interval or configured_poll_interval(backend, MAX_POLL_INTERVAL_S),
             try_number=int(ti.try_number),
+            retry=self._next_retry(ti),
         )
+
+    def _next_retry(self, ti: Any) -> str | None:
+        """The retry Airflow runs if this try fails, read from the task instance (``max_tries`` grows when
+        a task is cleared), else from ``retries``; ``None`` when this is the last try."""
+        try_number = int(ti.try_number)
+        max_tries = getattr(ti, "max_tries", None)
+        last = int(max_tries) if isinstance(max_tries, int) and max_tries > 0 else int(self.retries or 0)
+        if not self.retries or try_number > last:
+            return None
+        return f"try {try_number + 1} of {last + 1}"
 
     def _validate_for(self, backend: Backend, max_runtime_s: float | None) -> None:
         backend.validate(
@@ -294,15 +307,13 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         )
         runner = self._runner(context, plan, loaded)
         handle = self._handle = JobHandle.from_dict(event["handle"])
-        if event["status"] == names.EVENT_POLL_ERROR:
-            raise GpuJobPollError(
-                f"{event.get('message') or 'could not read the job status'}. The job may still be running: a "
-                "retry of this task will reattach to it."
-            )
         record = runner.engine.record_for(handle.job_id)
         if record is None:  # the store lost it: the event's handle is the truth
             record = AttemptRecord.new(handle, try_number=plan.try_number)
             runner.engine.records.append(record)
+        if event["status"] == names.EVENT_POLL_ERROR:
+            why = str(event.get("message") or "could not read the job status")
+            return self._run(context, plan, runner, runner.gave_up_reading(record, why, retry=plan.retry), deadline)
         status = JobStatus.from_dict(event["job_status"])
         self._publish_log_link(context, status.log_url)
         outcome = {
@@ -375,7 +386,11 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 continue
             if self.deferrable:
                 self._defer(plan, runner, step.record, deadline)
-            status, outcome = runner.wait(step.record, plan.poll_interval)
+            try:
+                status, outcome = runner.wait(step.record, plan.poll_interval)
+            except GpuJobPollError as err:
+                step = runner.gave_up_reading(step.record, str(err), retry=plan.retry)
+                continue
             step = runner.after_wait(step.record, status, outcome)
 
     def _defer(self, plan: _Plan, runner: AttemptRunner, record: AttemptRecord, deadline: float | None) -> NoReturn:

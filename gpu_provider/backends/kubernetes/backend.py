@@ -615,7 +615,10 @@ class KubernetesBackend(Backend):
             remote, _ = pod_remote_state(obj)
         else:
             remote, _ = job_remote_state(obj, [])
-        ended = remote != "Deleted" and map_state(STATE_TABLE, remote, backend=self.name).terminal
+        try:
+            ended = remote != "Deleted" and map_state(STATE_TABLE, remote, backend=self.name).terminal
+        except ValueError:  # a state this version does not know is not known to have ended: stop it
+            ended = False
         if ended and not remote.startswith("Pending:"):  # a pod that can never start still holds its node request
             return  # ended: nothing to stop, and its outcome stays readable
         self._stop(handle, kind, names.CANCEL_PREFIX + reason, event=EVENT_CANCELLED)

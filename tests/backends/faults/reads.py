@@ -8,9 +8,11 @@ folders' files and the signals the job's own handler recorded.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from gpu_provider.backends import _local_common as local_common
+from gpu_provider.backends.base import JobHandle
 from tests.backends.contract.worlds import (
     BackendWorld,
     BatchBackendWorld,
@@ -99,3 +101,25 @@ def _written_by_a_live_supervisor(path: Path) -> bool:
         status = local_common.read_json(path) or {}
         return status.get("state") not in local_common.TERMINAL_STATES
     return False
+
+
+def break_reads(world: BackendWorld, handle: JobHandle) -> Callable[[], None]:
+    """From now on, every status read of this one running job fails (the service answers, but with something
+    the backend cannot read); the job itself runs on, and can be cancelled. Returns what undoes it."""
+    if isinstance(world, LocalBackendWorld):
+        request = Path(str(handle.extra.get("job_dir") or world.state_dir / local_common.JOBS_DIR / handle.job_id))
+        request = request / local_common.REQUEST_FILE
+        saved = request.read_bytes()
+        request.write_text("{not json")
+        return lambda: request.write_bytes(saved)
+    if isinstance(world, BatchBackendWorld):
+        world.emulator.report_status(handle.job_id, "ARCHIVED")
+        return lambda: world.emulator.report_status(handle.job_id, None)
+    if isinstance(world, SageMakerBackendWorld):
+        world.emulator.report_status(handle.job_id, "Archived", "Archived")
+        return lambda: world.emulator.report_status(handle.job_id, None)
+    if isinstance(world, KubernetesBackendWorld):
+        pod = world._pod(handle)
+        world.emulator.report_phase(pod, "Archived")
+        return lambda: None  # the owner's cancel deletes the pod; its Event says why
+    raise AssertionError(f"no way to break reads in the {world.name} world")
