@@ -35,7 +35,7 @@ from gpu_provider.exceptions import (
     GpuJobPollError,
     GpuJobStatusError,
 )
-from gpu_provider.records import AttemptRecord
+from gpu_provider.records import AttemptRecord, AttemptSummary, compact
 
 #: lines of a failed job's output quoted in the task's error
 OUTPUT_TAIL_LINES = 20
@@ -44,19 +44,26 @@ GIVE_UP_READ_S = 10.0
 GIVE_UP_CANCEL_S = 60.0
 
 
-def recover(backend: Backend, task: TaskKey, stored: list[AttemptRecord], log: Any) -> list[AttemptRecord]:
+def recover(
+    backend: Backend, task: TaskKey, stored: list[AttemptRecord], log: Any, summary: AttemptSummary | None = None
+) -> list[AttemptRecord]:
     """Every attempt of a task instance, refreshed with its current status.
 
     ``stored`` are the records from the task state store (resume point, owner, interruption
     kind). The backend's lookup by identity is asked too: it also finds an attempt submitted just
     before a crash kept its record from the store, so that attempt is reattached, not duplicated.
+    An attempt whose end is known is not asked about again (the service may have forgotten it since,
+    and a lost job must not replace what was known), nor is one folded into ``summary``.
     """
     known = {r.job_id for r in stored}
-    records = list(stored) + [AttemptRecord.new(h) for h in backend.find_existing(task) if h.job_id not in known]
+    folded = (summary.last_attempt or 0) if summary else 0
+    found = [h for h in backend.find_existing(task) if h.job_id not in known and h.attempt > folded]
+    records = list(stored) + [AttemptRecord.new(h) for h in found]
     records.sort(key=lambda r: (r.attempt, r.handle.submitted_at))
-    if records:
-        statuses = backend.poll([r.handle for r in records])
-        for record in records:
+    open_records = [r for r in records if not r.state.terminal]
+    if open_records:
+        statuses = backend.poll([r.handle for r in open_records])
+        for record in open_records:
             status = statuses.get(record.job_id)
             if isinstance(status, JobStatus):
                 record.update(status)
@@ -118,6 +125,8 @@ class AttemptRunner:
     :param cancel_retry_s: pause before giving up a capacity wait again after its cancel failed
     :param cost_limit: the running budget of an attempt's wait (``None``: no budget), see
         :meth:`gpu_provider.spend.budget.SpendControl.cost_limit`
+    :param max_records: the most attempt records kept; older history is folded into the engine's
+        summary (:func:`gpu_provider.records.compact`). ``None``: no cap
     """
 
     def __init__(
@@ -135,8 +144,10 @@ class AttemptRunner:
         execution_timeout: Any = None,
         cancel_retry_s: float = 5.0,
         cost_limit: Callable[[AttemptRecord], dict[str, float] | None] = lambda record: None,
+        max_records: int | None = None,
     ) -> None:
         self.cost_limit = cost_limit
+        self.max_records = max_records
         self.backend = backend
         self.engine = engine
         self.log = log
@@ -150,6 +161,9 @@ class AttemptRunner:
         self.cancel_retry_s = cancel_retry_s
 
     def persist(self) -> None:
+        """Save the records, the oldest history folded into the engine's summary past ``max_records``."""
+        if self.max_records is not None:
+            self.engine.summary = compact(self.engine.records, self.engine.summary, self.max_records)
         self._persist(self.engine.records)
 
     def where(self, record: AttemptRecord) -> str:
@@ -213,6 +227,7 @@ class AttemptRunner:
             self.on_status(status)
             outcome = watch.read(status)
             if outcome is not None:
+                status = watch.complete(status)
                 declared_wins = not status.output_uri or self.backend.service_output
                 if status.state is JobState.SUCCEEDED and watch.output_uri and declared_wins:
                     status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})

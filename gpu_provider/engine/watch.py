@@ -10,6 +10,7 @@ its ``queue_timeout``, or the task's ``execution_timeout`` came.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
@@ -94,6 +95,8 @@ class AttemptWatch:
         self._restarts_seen = 0
         self.errors = 0
         self.logs = LogForwarder(backend, handle, log)
+        #: the latest sample that saw the job started: what a later sample of a lost job no longer says
+        self._ran: JobStatus | None = None
         self._queued_since: float | None = None
         self._queue_reason = ""
         self._left_queue = False
@@ -126,6 +129,19 @@ class AttemptWatch:
         self.log.warning("Polling %s job %s failed (%s); trying again.", self.backend.name, self.handle.job_id, err)
         return None
 
+    def complete(self, status: JobStatus) -> JobStatus:
+        """``status`` with what earlier samples of this wait saw and it no longer says: a job the service
+        lost (expired, garbage-collected) keeps its start and the GPU time it was seen running."""
+        ran = self._ran
+        if ran is None or (status.started_at is not None and status.gpu_seconds >= ran.gpu_seconds):
+            return status
+        return replace(
+            status,
+            started_at=status.started_at or ran.started_at,
+            gpu_seconds=max(status.gpu_seconds, ran.gpu_seconds),
+            instance_type=status.instance_type or ran.instance_type,
+        )
+
     def over_budget(self, status: JobStatus) -> bool:
         limit = self.cost_limit
         if not limit:
@@ -143,6 +159,8 @@ class AttemptWatch:
             task decides what to do, the read changed nothing) or ``None`` to keep waiting
         """
         self.errors = 0
+        if status.started_at is not None:
+            self._ran = status
         if self.stream_logs:
             self.logs.pump()
         if status.state.terminal:

@@ -47,6 +47,7 @@ from gpu_provider.operators._fields import (
     any_templated,
     check_fixed_options,
     check_team_quota,
+    configured_max_attempt_records,
     configured_poll_interval,
     positive_seconds,
     priority_weight,
@@ -57,7 +58,7 @@ from gpu_provider.operators._fields import (
     validate_env,
     warn_spot_without_checkpoint,
 )
-from gpu_provider.records import AttemptRecord, dump_records, load_records
+from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
 from gpu_provider.recovery import CapacityPolicy, resolve_capacity
 from gpu_provider.spend.budget import SpendControl, check_max_cost
 from gpu_provider.templates import WithTemplateFilters
@@ -269,8 +270,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     # ------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
-        stored = self._stored_records(context)
-        runner = self._runner(context, plan, recover(plan.backend, self._task_key(context), stored, self.log))
+        stored, summary = self._stored(context)
+        found = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+        runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
         step = runner.engine.resume()
         if isinstance(step, Wait):
@@ -302,10 +304,11 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if not isinstance(event, dict) or event.get("status") not in names.EVENT_STATUSES:
             raise GpuJobPollError(f"GPU job trigger returned an unexpected event: {event!r}")
         plan = self._plan(context)
-        loaded = load_records(records) or recover(
-            plan.backend, self._task_key(context), self._stored_records(context), self.log
-        )
-        runner = self._runner(context, plan, loaded)
+        loaded, summary = load_records(records), load_summary(records)
+        if not loaded:
+            stored, summary = self._stored(context)
+            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+        runner = self._runner(context, plan, loaded, summary)
         handle = self._handle = JobHandle.from_dict(event["handle"])
         record = runner.engine.record_for(handle.job_id)
         if record is None:  # the store lost it: the event's handle is the truth
@@ -328,7 +331,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             LogForwarder(plan.backend, handle, self.log).settle()
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
 
-    def _runner(self, context: Context, plan: _Plan, records: list[AttemptRecord]) -> AttemptRunner:
+    def _runner(
+        self, context: Context, plan: _Plan, records: list[AttemptRecord], summary: AttemptSummary | None = None
+    ) -> AttemptRunner:
         spend = SpendControl.from_config(
             plan.backend,
             self.gpu_resources,
@@ -348,6 +353,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             resumes=bool(plan.checkpoint_uri),
             before_submit=[spend.before_submit],
             on_status=[spend.on_status],
+            summary=summary,
         )
         return AttemptRunner(
             plan.backend,
@@ -355,12 +361,13 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             log=self.log,
             label=self._task_label(),
             stop=self._stop,
-            persist=lambda records: self._persist(context, records),
+            persist=lambda records: self._persist(context, records, engine.summary),
             on_status=lambda status: self._publish_log_link(context, status.log_url),
             capacity_wait=self.capacity.spot_wait_timeout_s,
             queue_timeout=self.queue_timeout_s,
             execution_timeout=self.execution_timeout,
             cost_limit=lambda record: spend.cost_limit(record, engine.records),
+            max_records=configured_max_attempt_records(),
         )
 
     def _run(self, context: Context, plan: _Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
@@ -413,7 +420,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 cost_limit=runner.cost_limit(record),
             ),
             method_name="execute_complete",
-            kwargs={"records": dump_records(runner.engine.records), "deadline": deadline},
+            kwargs={"records": dump_records(runner.engine.records, runner.engine.summary), "deadline": deadline},
             timeout=timeout,
         )
         raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
@@ -475,22 +482,24 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         return TaskKey(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
 
     # ------------------------------------------------------------------ records, links, logs
-    def _stored_records(self, context: Context) -> list[AttemptRecord]:
+    def _stored(self, context: Context) -> tuple[list[AttemptRecord], AttemptSummary | None]:
+        """The attempt records in the task state store, and the summary of those folded out of them."""
         store = context.get("task_state_store")
         if store is None:
-            return []
+            return [], None
         try:
-            return load_records(store.get(STATE_KEY))
+            data = store.get(STATE_KEY)
+            return load_records(data), load_summary(data)
         except Exception as err:  # the store is an optimisation; the backend lookup still works
             self.log.warning("Could not read the task state store (%s); asking the backend instead.", err)
-            return []
+            return [], None
 
-    def _persist(self, context: Context, records: list[AttemptRecord]) -> None:
+    def _persist(self, context: Context, records: list[AttemptRecord], summary: AttemptSummary | None = None) -> None:
         store = context.get("task_state_store")
         if store is None:
             return
         try:
-            store.set(STATE_KEY, cast("JsonValue", dump_records(records)))
+            store.set(STATE_KEY, cast("JsonValue", dump_records(records, summary)))
         except Exception as err:  # reattach still works through the backend's lookup
             self.log.warning("Could not save attempts to the task state store (%s).", err)
 

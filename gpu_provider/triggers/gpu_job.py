@@ -249,6 +249,7 @@ class GpuJobTrigger(BaseTrigger):
                         return
                     continue
                 outcome = await asyncio.to_thread(watch.read, item)  # reads logs: not on the event loop
+                item = watch.complete(item)
                 if outcome == ENDED:
                     yield self._event(
                         EVENT_STATUS_BY_STATE[item.state],
