@@ -46,6 +46,8 @@ EVENT_RESTART_LIMIT = "restart_limit"
 tolerates on its capacity: the task stops it and the policy's next attempt runs (e.g. on-demand)."""
 EVENT_BUDGET = "budget"
 """The attempt's running cost crossed the task's ``max_cost_usd``: the task stops the job."""
+EVENT_BACKOFF_DONE = "backoff_done"
+"""The backoff before a resubmission is over (``GpuBackoffTrigger``; the task resumes in ``resubmit``)."""
 EVENT_NEVER_STARTS = "never_starts"
 """The service says the queued attempt can never start as submitted (``JobStatus.never_starts``): the
 task that owns it stops it and fails."""

@@ -384,6 +384,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             if isinstance(step, Submit):
                 if engine.note:
                     self.log.warning("%s", engine.note)
+                if step.delay and self.deferrable:
+                    self._defer_backoff(runner, step, deadline)
                 if step.delay:
                     self._stop.wait(step.delay)
                 if self._stop.is_set():
@@ -399,6 +401,57 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 step = runner.gave_up_reading(step.record, str(err), retry=plan.retry)
                 continue
             step = runner.after_wait(step.record, status, outcome)
+
+    def _defer_backoff(self, runner: AttemptRunner, step: Submit, deadline: float | None) -> NoReturn:
+        """Wait out the backoff before ``step`` in the triggerer, not on a worker; ``resubmit`` carries on."""
+        from gpu_provider.triggers.gpu_job import GpuBackoffTrigger
+
+        moment = time.time() + step.delay
+        self.defer(
+            trigger=GpuBackoffTrigger(
+                moment=moment, note=f"attempt {step.attempt} on {step.capacity} of {self._task_label()}"
+            ),
+            method_name="resubmit",
+            kwargs={
+                "records": dump_records(runner.engine.records, runner.engine.summary),
+                "deadline": deadline,
+                "attempt": step.attempt,
+                "capacity": step.capacity,
+            },
+            timeout=timedelta(seconds=step.delay + DEFER_TIMEOUT_SLACK_S),
+        )
+        raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
+
+    def resubmit(
+        self,
+        context: Context,
+        event: dict[str, Any] | None = None,
+        records: list[dict[str, Any]] | None = None,
+        deadline: float | None = None,
+        attempt: int | None = None,
+        capacity: str | None = None,
+    ) -> Any:
+        """Resume after the backoff before a resubmission: submit the next attempt (as decided before the
+        backoff; the records say again which it is, so an attempt submitted meanwhile is not sent twice)."""
+        plan = self._plan(context)
+        loaded, summary = load_records(records), load_summary(records)
+        if not loaded:
+            stored, summary = self._stored(context)
+            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+        runner = self._runner(context, plan, loaded, summary)
+        step: Step = runner.engine.resume()  # an attempt live or succeeded meanwhile wins over a new one
+        runner.engine.note = ""  # said before the backoff
+        if isinstance(step, Submit):
+            step = runner.engine.next_submit()  # the backoff is over: no second one
+        if isinstance(step, Submit) and (attempt, capacity) != (step.attempt, step.capacity):
+            self.log.info(
+                "The records now call for attempt %d on %s (attempt %s on %s was planned before the backoff).",
+                step.attempt,
+                step.capacity,
+                attempt,
+                capacity,
+            )
+        return self._run(context, plan, runner, step, deadline)
 
     def _defer(self, plan: _Plan, runner: AttemptRunner, record: AttemptRecord, deadline: float | None) -> NoReturn:
         from gpu_provider.triggers.gpu_job import GpuJobTrigger

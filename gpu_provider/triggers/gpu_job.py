@@ -284,3 +284,27 @@ class GpuJobTrigger(BaseTrigger):
         handle = JobHandle.from_dict(self.handle)
         who = self.task_label or f"Airflow task of job {handle.name}"
         await asyncio.to_thread(backend.cancel, handle, f"{who} was killed while deferred")
+
+
+class GpuBackoffTrigger(BaseTrigger):
+    """Waits out the backoff before an attempt is resubmitted (after a spot interruption), in the
+    triggerer: the deferred task holds no worker slot meanwhile. Fires once, at ``moment``.
+
+    :param moment: Unix time at which the task resumes and submits its next attempt.
+    :param note: what the wait is for, for the triggerer's log.
+    """
+
+    def __init__(self, *, moment: float, note: str = "", **_newer: Any) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.moment = float(moment)
+        self.note = note
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {"moment": self.moment, "note": self.note})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        delay = self.moment - time.time()
+        if delay > 0:
+            self.log.info("Waiting %.1fs before the next attempt%s.", delay, f": {self.note}" if self.note else "")
+            await asyncio.sleep(delay)
+        yield TriggerEvent({"status": names.EVENT_BACKOFF_DONE, "moment": self.moment})  # type: ignore[no-untyped-call]
