@@ -309,7 +309,7 @@ class AttemptRunner:
                     status.never_starts,
                 )
             return
-        if fresh.owner_try is not None and fresh.owner_try != self.engine.try_number:
+        if fresh.owner_try is not None and fresh.owner_try > self.engine.try_number:
             self.log.warning(
                 "%s ended before it started, but Airflow try %d owns it: left to its owner.",
                 self.where(record),
@@ -332,7 +332,7 @@ class AttemptRunner:
                 )
             )
         owner = poll_one(self.backend, record.handle, timeout=GIVE_UP_READ_S)
-        if owner is not None and owner.owner_try is not None and owner.owner_try != self.engine.try_number:
+        if owner is not None and owner.owner_try is not None and owner.owner_try > self.engine.try_number:
             return Fail(
                 GpuJobPollError(
                     f"{where}: {why}. Airflow try {owner.owner_try} owns the job now, so this try leaves it running."
@@ -366,7 +366,7 @@ class AttemptRunner:
             engine.saw(record, fresh)
             self.persist()
             return engine.ended(record) if fresh.state.terminal else Wait(record)
-        if fresh.owner_try is not None and fresh.owner_try != engine.try_number:
+        if fresh.owner_try is not None and fresh.owner_try > engine.try_number:
             engine.saw(record, fresh)
             self.persist()
             return Fail(

@@ -304,11 +304,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if not isinstance(event, dict) or event.get("status") not in names.EVENT_STATUSES:
             raise GpuJobPollError(f"GPU job trigger returned an unexpected event: {event!r}")
         plan = self._plan(context)
-        loaded, summary = load_records(records), load_summary(records)
-        if not loaded:
-            stored, summary = self._stored(context)
-            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary)
-        runner = self._runner(context, plan, loaded, summary)
+        runner = self._resumed_runner(context, plan, records)
         handle = self._handle = JobHandle.from_dict(event["handle"])
         record = runner.engine.record_for(handle.job_id)
         if record is None:  # the store lost it: the event's handle is the truth
@@ -330,6 +326,15 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
             LogForwarder(plan.backend, handle, self.log).settle()
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
+
+    def _resumed_runner(self, context: Context, plan: _Plan, records: list[dict[str, Any]] | None) -> AttemptRunner:
+        """The runner of a task resuming from a deferral: the records it handed ``defer``, or, where a runner
+        does not hand them back (``dag.test()``), those in the task state store, refreshed by the backend."""
+        loaded, summary = load_records(records), load_summary(records)
+        if not loaded:
+            stored, summary = self._stored(context)
+            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+        return self._runner(context, plan, loaded, summary)
 
     def _runner(
         self, context: Context, plan: _Plan, records: list[AttemptRecord], summary: AttemptSummary | None = None
@@ -434,11 +439,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         """Resume after the backoff before a resubmission: submit the next attempt (as decided before the
         backoff; the records say again which it is, so an attempt submitted meanwhile is not sent twice)."""
         plan = self._plan(context)
-        loaded, summary = load_records(records), load_summary(records)
-        if not loaded:
-            stored, summary = self._stored(context)
-            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary)
-        runner = self._runner(context, plan, loaded, summary)
+        runner = self._resumed_runner(context, plan, records)
         step: Step = runner.engine.resume()  # an attempt live or succeeded meanwhile wins over a new one
         runner.engine.note = ""  # said before the backoff
         if isinstance(step, Submit):
