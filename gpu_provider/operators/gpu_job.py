@@ -412,6 +412,11 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         from gpu_provider.triggers.gpu_job import GpuBackoffTrigger
 
         moment = time.time() + step.delay
+        self.log.info(
+            "Waiting %.1fs before attempt %d in the triggerer (GpuBackoffTrigger): no worker slot is held meanwhile.",
+            step.delay,
+            step.attempt,
+        )
         self.defer(
             trigger=GpuBackoffTrigger(
                 moment=moment, note=f"attempt {step.attempt} on {step.capacity} of {self._task_label()}"

@@ -89,4 +89,4 @@ def test_a_deferred_task_waits_out_its_backoff_deferred_then_resubmits_on_demand
     assert (first["capacity"], first["state"]) == ("spot", "PREEMPTED")
     assert (second["capacity"], second["state"]) == ("on-demand", "SUCCEEDED")
     assert "resubmitting on on-demand (attempt 2" in run.log
-    assert "GpuBackoffTrigger" in run.log or "before the next attempt" in run.log, run.log[-3000:]
+    assert "before attempt 2 in the triggerer (GpuBackoffTrigger)" in run.log, run.log[-3000:]
