@@ -119,12 +119,17 @@ def test_the_operator_reads_whether_a_retry_follows_from_the_task_instance(
     assert operator._next_retry(ti) == expected
 
 
-def test_a_task_with_retries_0_whose_reads_keep_failing_cancels_its_job_and_says_so(harness: Harness) -> None:
-    """End to end (the operator in a DAG run, sync wait, local backend): the promise of a retry is gone."""
+@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferred"])
+def test_a_task_with_retries_0_whose_reads_keep_failing_cancels_its_job_and_says_so(
+    harness: Harness, deferrable: bool
+) -> None:
+    """End to end (the operator in a DAG run, local backend): the promise of a retry is gone. Deferred, the
+    trigger gives up and the task, resumed with its poll-error event, decides."""
     release = harness.tmp / "release"
     command = list(py(f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.1)"))
+    dag_id = f"give_up_reads_{'deferred' if deferrable else 'sync'}"
     dag = harness.write_dag(
-        "give_up_reads",
+        dag_id,
         f"""
         GpuJobOperator(
             task_id="job",
@@ -132,11 +137,11 @@ def test_a_task_with_retries_0_whose_reads_keep_failing_cancels_its_job_and_says
             command={command!r},
             poll_interval=0.05,
             retries=0,
-            deferrable=False,
+            deferrable={deferrable},
         )
         """,
     )
-    proc, out_file, log_file = harness.start(dag, "give_up_reads")
+    proc, out_file, log_file = harness.start(dag, dag_id)
     backend = LocalBackend(state_dir=str(harness.state_dir))
 
     def running() -> JobHandle | None:
