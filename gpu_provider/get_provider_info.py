@@ -83,6 +83,17 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "15",
                         "default": "",
                     },
+                    "max_attempt_records": {
+                        "description": "The most attempt records a task instance keeps in its task state store "
+                        "(and hands its trigger). Past it, the oldest attempts of runs already finished (a task "
+                        "cleared and run again) are folded into one summary entry that keeps their count, states, "
+                        "interruptions, GPU-seconds, billable seconds and cost; the current run's attempts are "
+                        "never folded. At least 2.",
+                        "version_added": "0.4.0",
+                        "type": "integer",
+                        "example": "20",
+                        "default": "50",
+                    },
                     "task_log_max_mib": {
                         "description": "The most MiB of one attempt's log copied into the task log. Past it the task "
                         "log says how many lines were left out and where the job's full log is.",

@@ -49,6 +49,11 @@ EVENT_RESTART_LIMIT = "restart_limit"
 tolerates on its capacity: the task stops it and the policy's next attempt runs (e.g. on-demand)."""
 EVENT_BUDGET = "budget"
 """The attempt's running cost crossed the task's ``max_cost_usd``: the task stops the job."""
+EVENT_BACKOFF_DONE = "backoff_done"
+"""The backoff before a resubmission is over (``GpuBackoffTrigger``; the task resumes in ``resubmit``)."""
+EVENT_NEVER_STARTS = "never_starts"
+"""The service says the queued attempt can never start as submitted (``JobStatus.never_starts``): the
+task that owns it stops it and fails."""
 EVENT_STATUSES = frozenset(
     {
         EVENT_SUCCEEDED,
@@ -61,6 +66,7 @@ EVENT_STATUSES = frozenset(
         EVENT_POLL_ERROR,
         EVENT_RESTART_LIMIT,
         EVENT_BUDGET,
+        EVENT_NEVER_STARTS,
     }
 )
 
@@ -86,6 +92,9 @@ CANCEL_PREFIX = "gpu-provider: "
 """Every cancel reason this provider sends starts with this."""
 CAPACITY_TIMEOUT_MARK = "capacity timeout: "
 """After :data:`CANCEL_PREFIX`: the cancel gave up waiting for capacity (an interruption, not a kill)."""
+UNRUNNABLE_MARK = "cannot run: "
+"""After :data:`CANCEL_PREFIX`: the owning task stopped a queued attempt the service said could never start
+(the job's own failure, not an interruption)."""
 RESTART_LIMIT_MARK = "restart limit: "
 """After :data:`CANCEL_PREFIX`: the task stopped an attempt the service had restarted inside the job as
 often as the capacity policy tolerates (an interruption: the policy's next attempt runs)."""

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpu_provider.backends.base import JobHandle, JobState, JobStatus
-from gpu_provider.names import PREEMPTED
+from gpu_provider.names import LOST, PREEMPTED
 
 #: bump when a field changes meaning; adding a field with a default needs no bump
 SCHEMA_VERSION = 2
@@ -102,25 +102,41 @@ class AttemptRecord:
             attempt=handle.attempt, handle=handle, resume_from=resume_from, try_number=try_number, owner_try=try_number
         )
 
+    @property
+    def lost(self) -> bool:
+        """Ended as far as anyone can tell, but the service no longer knew how (``interruption="lost"``)."""
+        return self.state.terminal and self.interruption == LOST
+
+    def settled(self, status: JobStatus) -> bool:
+        """Whether what this record knows of the attempt's end outranks ``status``: a terminal record is
+        never overwritten by a later read (the job expired or was garbage-collected: the service can only
+        say it is lost), except a lost one by a read that says how it really ended."""
+        if not self.state.terminal:
+            return False
+        return not (self.lost and status.state.terminal and status.interruption != LOST)
+
     def update(self, status: JobStatus) -> None:
-        """Take what a status sample says; never forget what an earlier sample knew (GPU time, output)."""
-        self.state = status.state
-        self.reason = status.reason
+        """Take what a status sample says; never forget what an earlier sample knew (GPU time, output),
+        and never let a later, weaker read replace a known end (:meth:`settled`)."""
+        if not self.settled(status):
+            was_lost = self.lost
+            self.state = status.state
+            self.reason = status.reason
+            kind = status.interruption or (PREEMPTED if status.state is JobState.PREEMPTED else None)
+            if kind or was_lost:
+                self.interruption = kind
+            if status.exit_code is not None:
+                self.exit_code = status.exit_code
+            self.ended_at = _iso(status.ended_at) or self.ended_at
         self.started_at = _iso(status.started_at) or self.started_at
-        self.ended_at = _iso(status.ended_at) or self.ended_at
         self.gpu_seconds = round(max(self.gpu_seconds, status.gpu_seconds), 3)
         if status.billable_seconds is not None:
             self.billable_seconds = status.billable_seconds
         if status.training_seconds is not None:
             self.training_seconds = status.training_seconds
         self.instance_type = status.instance_type or self.instance_type
-        if status.exit_code is not None:
-            self.exit_code = status.exit_code
         self.output_uri = status.output_uri or self.output_uri
         self.restarts = max(self.restarts, status.restarts)
-        kind = status.interruption or (PREEMPTED if status.state is JobState.PREEMPTED else None)
-        if kind:
-            self.interruption = kind
         if status.owner_try is not None:
             self.owner_try = status.owner_try
         self.collected = self.collected or status.collected
@@ -164,6 +180,81 @@ class AttemptRecord:
         return cls(**kwargs)
 
 
+#: how many attempt records a task instance keeps by default (``[gpu_provider] max_attempt_records``)
+DEFAULT_MAX_ATTEMPT_RECORDS = 50
+
+
+@dataclass
+class AttemptSummary:
+    """The attempts folded out of a task instance's record list once it grew past its cap: counted, not dropped.
+
+    Only history is folded (attempts of runs a try already collected); the current run's attempts, which
+    the interruption budget counts, stay records.
+    """
+
+    attempts: int = 0
+    first_attempt: int | None = None
+    last_attempt: int | None = None
+    states: dict[str, int] | None = None
+    """How many folded attempts ended in each state (``SUCCEEDED``: 3, ...)."""
+    interruptions: int = 0
+    gpu_seconds: float = 0.0
+    billable_seconds: float | None = None
+    cost_usd: float | None = None
+
+    def add(self, record: AttemptRecord) -> None:
+        self.attempts += 1
+        self.first_attempt = min(self.first_attempt or record.attempt, record.attempt)
+        self.last_attempt = max(self.last_attempt or record.attempt, record.attempt)
+        states = dict(self.states or {})
+        states[record.state.value] = states.get(record.state.value, 0) + 1
+        self.states = states
+        self.interruptions += record.restarts + (1 if record.interruption else 0)
+        self.gpu_seconds = round(self.gpu_seconds + record.gpu_seconds, 3)
+        if record.billable_seconds is not None:
+            self.billable_seconds = round((self.billable_seconds or 0.0) + record.billable_seconds, 3)
+        if record.cost_usd is not None:
+            self.cost_usd = round((self.cost_usd or 0.0) + record.cost_usd, 6)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"summary": {**asdict(self), "gpu_hours": round(self.gpu_seconds / 3600.0, 6)}, "schema": SCHEMA_VERSION}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AttemptSummary:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def compact(records: list[AttemptRecord], summary: AttemptSummary | None, cap: int) -> AttemptSummary | None:
+    """Fold the oldest records into ``summary`` (a new one if ``None``) until at most ``cap`` are left,
+    whole runs at a time and only runs that ended before the latest collected one (the current run, which
+    the interruption budget counts, and the run a try may be returning stay records); ``records`` is
+    changed in place. Returns the summary."""
+    need = len(records) - cap
+    ends = [i + 1 for i, r in enumerate(records) if r.collected and r.state.terminal][:-1]
+    if need <= 0 or not ends:
+        return summary
+    fold = next((end for end in ends if end >= need), ends[-1])
+    summary = summary or AttemptSummary()
+    for record in records[:fold]:
+        summary.add(record)
+    del records[:fold]
+    return summary
+
+
+def load_summary(data: Any) -> AttemptSummary | None:
+    """The summary entry of a stored record list (:func:`dump_records`), ``None`` when there is none."""
+    if not isinstance(data, list):
+        return None
+    for item in data:
+        if isinstance(item, Mapping) and isinstance(item.get("summary"), Mapping):
+            try:
+                return AttemptSummary.from_dict(item["summary"])
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
 def load_records(data: Any) -> list[AttemptRecord]:
     """Records from the task state store or ``defer(kwargs=...)``; entries that are not records are skipped."""
     if not isinstance(data, list):
@@ -178,5 +269,7 @@ def load_records(data: Any) -> list[AttemptRecord]:
     return sorted(out, key=lambda r: (r.attempt, r.handle.submitted_at))
 
 
-def dump_records(records: Iterable[AttemptRecord]) -> list[dict[str, Any]]:
-    return [r.to_dict() for r in records]
+def dump_records(records: Iterable[AttemptRecord], summary: AttemptSummary | None = None) -> list[dict[str, Any]]:
+    """The wire form: the summary of folded attempts first (when there is one), then the records."""
+    head = [summary.to_dict()] if summary is not None and summary.attempts else []
+    return head + [r.to_dict() for r in records]

@@ -231,6 +231,10 @@ class JobStatus:
     """The Airflow try that owns this attempt, as marked on the job (:meth:`Backend.mark`)."""
     collected: bool = False
     """Whether a try already collected this attempt's outcome, as marked on the job."""
+    never_starts: str | None = None
+    """For a ``QUEUED`` attempt: the service's reason why it can never start as submitted (AWS Batch
+    ``MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT``), else ``None``. A read only reports it: the task that
+    owns the attempt stops it and fails; a sensor or another reader never acts on it."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

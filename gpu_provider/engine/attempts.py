@@ -36,7 +36,7 @@ from gpu_provider.exceptions import (
     GpuJobInterruptionBudgetError,
 )
 from gpu_provider.names import CAPACITY_TIMEOUT, LOST, PREEMPTED
-from gpu_provider.records import AttemptRecord
+from gpu_provider.records import AttemptRecord, AttemptSummary
 from gpu_provider.recovery import CapacityPolicy, Interruption
 
 
@@ -121,6 +121,7 @@ class AttemptEngine:
     :param try_number: this Airflow try
     :param retries: the task's ``retries`` (for the message of a job's own failure)
     :param resumes: whether a new attempt resumes from a checkpoint (for messages)
+    :param summary: the attempts already folded out of ``records`` (their numbers are not used again)
     """
 
     def __init__(
@@ -134,9 +135,12 @@ class AttemptEngine:
         resumes: bool = False,
         before_submit: Sequence[BeforeSubmit] = (),
         on_status: Sequence[OnStatus] = (),
+        summary: AttemptSummary | None = None,
     ) -> None:
         self.policy = policy
         self.records = records
+        #: the attempts folded out of ``records`` (:func:`gpu_provider.records.compact`)
+        self.summary = summary
         self.try_number = try_number
         self.backend_name = backend_name
         self.retries = retries
@@ -272,7 +276,8 @@ class AttemptEngine:
     def next_submit(self, *, delay: float = 0.0) -> Submit:
         interruptions = self.interruptions()
         capacity = self.policy.capacity_after(interruptions) if interruptions else self.policy.first_capacity()
-        attempt = max((r.attempt for r in self.records), default=0) + 1
+        folded = (self.summary.last_attempt or 0) if self.summary else 0
+        attempt = max((r.attempt for r in self.records), default=folded) + 1
         return Submit(attempt=attempt, capacity=capacity, delay=delay)
 
     # --- hooks ---------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from gpu_provider.engine.watch import (
     CAPACITY_TIMEOUT,
     DEADLINE,
     ENDED,
+    NEVER_STARTS,
     QUEUE_TIMEOUT,
     RESTART_LIMIT,
     AttemptWatch,
@@ -35,25 +36,35 @@ from gpu_provider.exceptions import (
     GpuJobPollError,
     GpuJobStatusError,
 )
-from gpu_provider.records import AttemptRecord
+from gpu_provider.records import AttemptRecord, AttemptSummary, compact
 
 #: lines of a failed job's output quoted in the task's error
 OUTPUT_TAIL_LINES = 20
+#: after giving up on status reads with no retry left: the longest the owner read and the cancel may take
+GIVE_UP_READ_S = 10.0
+GIVE_UP_CANCEL_S = 60.0
 
 
-def recover(backend: Backend, task: TaskKey, stored: list[AttemptRecord], log: Any) -> list[AttemptRecord]:
+def recover(
+    backend: Backend, task: TaskKey, stored: list[AttemptRecord], log: Any, summary: AttemptSummary | None = None
+) -> list[AttemptRecord]:
     """Every attempt of a task instance, refreshed with its current status.
 
     ``stored`` are the records from the task state store (resume point, owner, interruption
     kind). The backend's lookup by identity is asked too: it also finds an attempt submitted just
     before a crash kept its record from the store, so that attempt is reattached, not duplicated.
+    An attempt whose end is known is not asked about again (the service may have forgotten it since,
+    and a lost job must not replace what was known), nor is one folded into ``summary``.
     """
     known = {r.job_id for r in stored}
-    records = list(stored) + [AttemptRecord.new(h) for h in backend.find_existing(task) if h.job_id not in known]
+    folded = (summary.last_attempt or 0) if summary else 0
+    found = [h for h in backend.find_existing(task) if h.job_id not in known and h.attempt > folded]
+    records = list(stored) + [AttemptRecord.new(h) for h in found]
     records.sort(key=lambda r: (r.attempt, r.handle.submitted_at))
-    if records:
-        statuses = backend.poll([r.handle for r in records])
-        for record in records:
+    open_records = [r for r in records if not r.state.terminal]
+    if open_records:
+        statuses = backend.poll([r.handle for r in open_records])
+        for record in open_records:
             status = statuses.get(record.job_id)
             if isinstance(status, JobStatus):
                 record.update(status)
@@ -99,6 +110,24 @@ def read_owner(backend: Backend, handle: JobHandle, *, timeout: float | None = N
     return found[0] if found else None
 
 
+def cancel_within(backend: Backend, handle: JobHandle, reason: str, timeout: float) -> str | None:
+    """Cancel the job in a separate thread, giving up after ``timeout`` seconds: ``None`` when it was
+    cancelled, else why not (the service's error, or that it did not answer in time)."""
+    outcome: list[str | None] = []
+
+    def run() -> None:
+        try:
+            backend.cancel(handle, reason)
+            outcome.append(None)
+        except Exception as err:
+            outcome.append(f"{type(err).__name__}: {err}")
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return outcome[0] if outcome else f"no answer within {timeout:.0f}s"
+
+
 def _status_of(backend: Backend, handle: JobHandle) -> JobStatus | None:
     try:
         status = backend.poll([handle]).get(handle.job_id)
@@ -119,6 +148,8 @@ class AttemptRunner:
     :param cancel_retry_s: pause before giving up a capacity wait again after its cancel failed
     :param cost_limit: the running budget of an attempt's wait (``None``: no budget), see
         :meth:`gpu_provider.spend.budget.SpendControl.cost_limit`
+    :param max_records: the most attempt records kept; older history is folded into the engine's
+        summary (:func:`gpu_provider.records.compact`). ``None``: no cap
     """
 
     def __init__(
@@ -136,8 +167,10 @@ class AttemptRunner:
         execution_timeout: Any = None,
         cancel_retry_s: float = 5.0,
         cost_limit: Callable[[AttemptRecord], dict[str, float] | None] = lambda record: None,
+        max_records: int | None = None,
     ) -> None:
         self.cost_limit = cost_limit
+        self.max_records = max_records
         self.backend = backend
         self.engine = engine
         self.log = log
@@ -153,6 +186,9 @@ class AttemptRunner:
         self.owner_error = ""
 
     def persist(self) -> None:
+        """Save the records, the oldest history folded into the engine's summary past ``max_records``."""
+        if self.max_records is not None:
+            self.engine.summary = compact(self.engine.records, self.engine.summary, self.max_records)
         self._persist(self.engine.records)
 
     def where(self, record: AttemptRecord) -> str:
@@ -267,14 +303,13 @@ class AttemptRunner:
             except Exception as err:
                 give_up = watch.failed_read(err)
                 if give_up:
-                    raise GpuJobPollError(
-                        f"{give_up}. The job may still be running: a retry of this task will reattach to it."
-                    ) from err
+                    raise GpuJobPollError(give_up) from err  # the operator decides: gave_up_reading
                 self.stop.wait(poll_interval)
                 continue
             self.on_status(status)
             outcome = watch.read(status)
             if outcome is not None:
+                status = watch.complete(status)
                 declared_wins = not status.output_uri or self.backend.service_output
                 if status.state is JobState.SUCCEEDED and watch.output_uri and declared_wins:
                     status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
@@ -332,6 +367,8 @@ class AttemptRunner:
             record.interruption = names.PREEMPTED
         elif outcome == BUDGET:
             return self._over_budget(record, status)
+        elif outcome == NEVER_STARTS:
+            return self._never_starts(record)
         elif outcome in (QUEUE_TIMEOUT, DEADLINE):
             what = (
                 f"still queued after queue_timeout={self.queue_timeout_s or 0:.0f}s"
@@ -345,9 +382,105 @@ class AttemptRunner:
             error = GpuJobDeadlineError(f"{self.where(record)} was {what}; it was cancelled and this try fails.{tail}")
             return Fail(error, record)
         else:
+            if status.never_starts and status.state.terminal:
+                self._remove_unstarted(record, status)
             engine.saw(record, status)
         self.persist()
         return engine.ended(record, stopped_by_kill=self.stop.is_set())
+
+    def _remove_unstarted(self, record: AttemptRecord, status: JobStatus) -> None:
+        """The backend's verdict on an attempt that never started is final (it can never start, or it
+        waited past the backend's own startup limit), but the service still holds it: this try, the
+        owner (read fresh), removes it. Without fresh evidence it is left alone, and said so."""
+        fresh = poll_one(self.backend, record.handle)
+        if fresh is None or not fresh.never_starts:
+            if fresh is None:
+                self.log.warning(
+                    "%s ended before it started (%s), but its owner could not be read now: left alone.",
+                    self.where(record),
+                    status.never_starts,
+                )
+            return
+        owned = self.owned_later(record)
+        if owned is None or owned:
+            self.log.warning(
+                "%s ended before it started, but %s: left alone.",
+                self.where(record),
+                f"Airflow try {record.owner_try} owns it" if owned else "its owner could not be read now",
+            )
+            return
+        mark = names.UNRUNNABLE_MARK if status.state is JobState.FAILED else ""
+        self.cancel(record, f"{mark}{fresh.never_starts}")
+
+    def gave_up_reading(self, record: AttemptRecord, why: str, *, retry: str | None) -> Fail:
+        """The wait gave up reading the attempt's status (``why``). With an Airflow retry to come (``retry``
+        says which), the job is left running and the retry reattaches to it; with none, nobody would
+        watch it again, so it is cancelled (in bounded time) unless a fresh read shows another try owns it."""
+        where = self.where(record)
+        if retry is not None:
+            return Fail(
+                GpuJobPollError(
+                    f"{where}: {why}. The job was left running: Airflow's retry ({retry}) reattaches to it, reads "
+                    "its status again and waits for it; it does not submit a second job while this one lives."
+                )
+            )
+        owner = read_owner(self.backend, record.handle, timeout=GIVE_UP_READ_S)
+        if owner is not None and owner.later_than(self.engine.try_number):
+            return Fail(
+                GpuJobPollError(
+                    f"{where}: {why}. Airflow try {owner.owner_try} owns the job now, so this try leaves it running."
+                )
+            )
+        reason = f"{why}; no Airflow retry left to watch it; cancelled by {self.label}"
+        cancelled = cancel_within(self.backend, record.handle, reason, GIVE_UP_CANCEL_S)
+        if cancelled is None:
+            self.engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
+            self.persist()
+            done = "it was cancelled, so that it does not keep running (and billing) with nobody watching it"
+        else:
+            self.log.warning("Could not cancel %s: %s", where, cancelled)
+            done = f"cancelling it failed too ({cancelled}): it may still be running, so stop it by hand" + (
+                f" ({url})" if (url := self.backend.console_url(record.handle)) else ""
+            )
+        return Fail(
+            GpuJobPollError(f"{where}: {why}. No Airflow retry is left to watch the job, so {done}."),
+            record if cancelled is None else None,
+        )
+
+    def _never_starts(self, record: AttemptRecord) -> Step:
+        """The service said the queued attempt can never start as submitted: read it again, and if this try
+        still owns it and it still cannot start, stop it and fail (it would hold its queue forever)."""
+        engine = self.engine
+        fresh = poll_one(self.backend, record.handle)
+        if fresh is None:  # no fresh evidence: keep waiting (the next sample decides again)
+            self.stop.wait(self.cancel_retry_s)
+            return Wait(record)
+        if fresh.state is not JobState.QUEUED or not fresh.never_starts:
+            engine.saw(record, fresh)
+            self.persist()
+            return engine.ended(record) if fresh.state.terminal else Wait(record)
+        if fresh.owner_try is not None and fresh.owner_try > engine.try_number:
+            engine.saw(record, fresh)
+            self.persist()
+            return Fail(
+                GpuJobCancelledError(
+                    f"{self.where(record)} can never start ({fresh.never_starts}), but Airflow try "
+                    f"{fresh.owner_try} owns it, not this try ({engine.try_number}): it is left to its owner."
+                )
+            )
+        reason = f"{names.UNRUNNABLE_MARK}{fresh.never_starts}; stopped by {self.label}"
+        if not self.cancel(record, reason):
+            self.stop.wait(self.cancel_retry_s)
+            return Wait(record)
+        ended = {"state": JobState.FAILED.value, "reason": fresh.never_starts, "ended_at": time.time()}
+        engine.saw(record, JobStatus.from_dict({**fresh.to_dict(), **ended}))
+        self.persist()
+        error = GpuJobFailedError(
+            f"{self.where(record)} can never start: the service says {fresh.never_starts}. This try, which owns "
+            "the job, cancelled it instead of letting it wait in the queue forever, and fails. Fix the job's "
+            "resources (gpus, cpu, memory) or the compute environments behind its queue, then clear the task."
+        )
+        return Fail(error, record)
 
     def _over_budget(self, record: AttemptRecord, status: JobStatus) -> Step:
         """The attempt's running cost crossed the task's budget: stop the job, and the try (not retried)."""

@@ -10,6 +10,7 @@ its ``queue_timeout``, or the task's ``execution_timeout`` came.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
@@ -19,11 +20,13 @@ from gpu_provider.names import (
     CAPACITY_TIMEOUT,
     EVENT_BUDGET,
     EVENT_DEADLINE,
+    EVENT_NEVER_STARTS,
     EVENT_QUEUE_TIMEOUT,
     EVENT_RESTART_LIMIT,
 )
 
-#: failed status reads in a row before the wait gives up (the job may still run; a retry reattaches)
+#: failed status reads in a row before the wait gives up (the owning task then leaves the job to its Airflow
+#: retry, or cancels it when no retry is left: see AttemptRunner.gave_up_reading)
 MAX_POLL_ERRORS = 20
 
 #: outcomes of :meth:`AttemptWatch.read` besides ``None`` (keep waiting)
@@ -32,6 +35,7 @@ QUEUE_TIMEOUT = EVENT_QUEUE_TIMEOUT
 DEADLINE = EVENT_DEADLINE
 RESTART_LIMIT = EVENT_RESTART_LIMIT
 BUDGET = EVENT_BUDGET
+NEVER_STARTS = EVENT_NEVER_STARTS
 
 __all__ = [
     "BUDGET",
@@ -39,6 +43,7 @@ __all__ = [
     "DEADLINE",
     "ENDED",
     "MAX_POLL_ERRORS",
+    "NEVER_STARTS",
     "QUEUE_TIMEOUT",
     "RESTART_LIMIT",
     "AttemptWatch",
@@ -57,6 +62,8 @@ class AttemptWatch:
         given up (``RESTART_LIMIT``: the capacity policy wants its next attempt); ``None``: never
     :param log: where the job's log lines and the warnings go (the task's or the trigger's logger)
     :param stream_logs: copy the job's new log lines into ``log`` with every status read
+    :param owner: the wait is the owning task's (``NEVER_STARTS`` ends it so the task can stop the job);
+        ``False`` for a task that only watches someone else's job: it waits on, and changes nothing
     :param cost_limit: the attempt's running budget (:meth:`gpu_provider.spend.budget.SpendControl.cost_limit`):
         ``BUDGET`` once its GPU-seconds x ``usd_per_gpu_second`` reach ``remaining_usd``
     """
@@ -73,8 +80,10 @@ class AttemptWatch:
         stream_logs: bool = True,
         restart_limit: int | None = None,
         cost_limit: dict[str, float] | None = None,
+        owner: bool = True,
     ) -> None:
         self.backend = backend
+        self.owner = owner
         self.cost_limit = cost_limit
         self.handle = handle
         self.capacity_wait = capacity_wait
@@ -86,6 +95,8 @@ class AttemptWatch:
         self._restarts_seen = 0
         self.errors = 0
         self.logs = LogForwarder(backend, handle, log)
+        #: the latest sample that saw the job started: what a later sample of a lost job no longer says
+        self._ran: JobStatus | None = None
         self._queued_since: float | None = None
         self._queue_reason = ""
         self._left_queue = False
@@ -118,6 +129,19 @@ class AttemptWatch:
         self.log.warning("Polling %s job %s failed (%s); trying again.", self.backend.name, self.handle.job_id, err)
         return None
 
+    def complete(self, status: JobStatus) -> JobStatus:
+        """``status`` with what earlier samples of this wait saw and it no longer says: a job the service
+        lost (expired, garbage-collected) keeps its start and the GPU time it was seen running."""
+        ran = self._ran
+        if ran is None or (status.started_at is not None and status.gpu_seconds >= ran.gpu_seconds):
+            return status
+        return replace(
+            status,
+            started_at=status.started_at or ran.started_at,
+            gpu_seconds=max(status.gpu_seconds, ran.gpu_seconds),
+            instance_type=status.instance_type or ran.instance_type,
+        )
+
     def over_budget(self, status: JobStatus) -> bool:
         limit = self.cost_limit
         if not limit:
@@ -131,9 +155,12 @@ class AttemptWatch:
         """Take one status sample (does I/O: reads the job's new log lines).
 
         :return: ``ENDED``, ``CAPACITY_TIMEOUT``, ``QUEUE_TIMEOUT``, ``DEADLINE``, ``RESTART_LIMIT``,
-            ``BUDGET`` or ``None`` to keep waiting
+            ``BUDGET``, ``NEVER_STARTS`` (the service says the queued job can never start; the owning
+            task decides what to do, the read changed nothing) or ``None`` to keep waiting
         """
         self.errors = 0
+        if status.started_at is not None:
+            self._ran = status
         if self.stream_logs:
             self.logs.pump()
         if status.state.terminal:
@@ -164,6 +191,8 @@ class AttemptWatch:
         if status.reason and status.reason != self._queue_reason:
             self._queue_reason = status.reason
             self.log.info("%s job %s is queued: %s", self.backend.name, self.handle.job_id, status.reason)
+        if status.never_starts and self.owner:
+            return NEVER_STARTS
         if self.capacity_wait is not None and self.waited() > self.capacity_wait:
             return CAPACITY_TIMEOUT
         if self.queue_timeout is not None and self.waited() > self.queue_timeout:

@@ -291,6 +291,27 @@ def configured_poll_interval(backend: Backend, maximum: float) -> float:
     return backend.default_poll_interval
 
 
+def configured_max_attempt_records() -> int:
+    """``[gpu_provider] max_attempt_records`` (default :data:`gpu_provider.records.DEFAULT_MAX_ATTEMPT_RECORDS`)."""
+    from airflow.configuration import conf
+
+    from gpu_provider.records import DEFAULT_MAX_ATTEMPT_RECORDS
+
+    raw = str(conf.get("gpu_provider", "max_attempt_records", fallback="") or "").strip()
+    if not raw:
+        return DEFAULT_MAX_ATTEMPT_RECORDS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise ValueError(
+            f"[gpu_provider] max_attempt_records={raw!r} must be a whole number, 2 or more "
+            f"(default {DEFAULT_MAX_ATTEMPT_RECORDS})"
+        )
+    return value
+
+
 def warn_spot_without_checkpoint(
     task_id: str, capacity: CapacityPolicy, checkpoint_uri: str | None, max_runtime_s: float | None
 ) -> None:

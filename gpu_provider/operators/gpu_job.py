@@ -31,7 +31,15 @@ from gpu_provider.backends.base import (
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
-from gpu_provider.engine.watch import BUDGET, CAPACITY_TIMEOUT, DEADLINE, ENDED, QUEUE_TIMEOUT, RESTART_LIMIT
+from gpu_provider.engine.watch import (
+    BUDGET,
+    CAPACITY_TIMEOUT,
+    DEADLINE,
+    ENDED,
+    NEVER_STARTS,
+    QUEUE_TIMEOUT,
+    RESTART_LIMIT,
+)
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
 from gpu_provider.job import is_templated, to_bool, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
@@ -41,6 +49,7 @@ from gpu_provider.operators._fields import (
     check_rendered_fixed_options,
     check_secrets_in_env,
     check_team_quota,
+    configured_max_attempt_records,
     configured_poll_interval,
     positive_seconds,
     priority_weight,
@@ -51,7 +60,7 @@ from gpu_provider.operators._fields import (
     validate_env,
     warn_spot_without_checkpoint,
 )
-from gpu_provider.records import AttemptRecord, dump_records, load_records
+from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
 from gpu_provider.recovery import CapacityPolicy, resolve_capacity
 from gpu_provider.spend.budget import SpendControl, check_max_cost
 from gpu_provider.spend.ended import record_end
@@ -87,6 +96,8 @@ class _Plan:
     max_runtime_s: float | None
     poll_interval: float
     try_number: int
+    retry: str | None = None
+    """The Airflow retry that follows if this try fails ("try 2 of 3"), ``None`` when none is left."""
 
 
 class GpuJobOperator(WithTemplateFilters, BaseOperator):
@@ -228,7 +239,18 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             max_runtime_s=max_runtime_s,
             poll_interval=self.poll_interval or configured_poll_interval(backend, MAX_POLL_INTERVAL_S),
             try_number=int(ti.try_number),
+            retry=self._next_retry(ti),
         )
+
+    def _next_retry(self, ti: Any) -> str | None:
+        """The retry Airflow runs if this try fails, read from the task instance (``max_tries`` grows when
+        a task is cleared), else from ``retries``; ``None`` when this is the last try."""
+        try_number = int(ti.try_number)
+        max_tries = getattr(ti, "max_tries", None)
+        last = int(max_tries) if isinstance(max_tries, int) and max_tries > 0 else int(self.retries or 0)
+        if not self.retries or try_number > last:
+            return None
+        return f"try {try_number + 1} of {last + 1}"
 
     def _validate_for(self, backend: Backend, max_runtime_s: float | None) -> None:
         backend.validate(
@@ -255,8 +277,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     # ------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
-        stored = self._stored_records(context)
-        runner = self._runner(context, plan, recover(plan.backend, self._task_key(context), stored, self.log))
+        stored, summary = self._stored(context)
+        found = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+        runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
         step = runner.engine.resume()
         if isinstance(step, Wait):
@@ -288,20 +311,15 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if not isinstance(event, dict) or event.get("status") not in names.EVENT_STATUSES:
             raise GpuJobPollError(f"GPU job trigger returned an unexpected event: {event!r}")
         plan = self._plan(context)
-        loaded = load_records(records) or recover(
-            plan.backend, self._task_key(context), self._stored_records(context), self.log
-        )
-        runner = self._runner(context, plan, loaded)
+        runner = self._resumed_runner(context, plan, records)
         handle = self._handle = JobHandle.from_dict(event["handle"])
-        if event["status"] == names.EVENT_POLL_ERROR:
-            raise GpuJobPollError(
-                f"{event.get('message') or 'could not read the job status'}. The job may still be running: a "
-                "retry of this task will reattach to it."
-            )
         record = runner.engine.record_for(handle.job_id)
         if record is None:  # the store lost it: the event's handle is the truth
             record = AttemptRecord.new(handle, try_number=plan.try_number)
             runner.engine.records.append(record)
+        if event["status"] == names.EVENT_POLL_ERROR:
+            why = str(event.get("message") or "could not read the job status")
+            return self._run(context, plan, runner, runner.gave_up_reading(record, why, retry=plan.retry), deadline)
         status = JobStatus.from_dict(event["job_status"])
         self._publish_log_link(context, status.log_url)
         outcome = {
@@ -310,12 +328,24 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             names.EVENT_DEADLINE: DEADLINE,
             names.EVENT_RESTART_LIMIT: RESTART_LIMIT,
             names.EVENT_BUDGET: BUDGET,
+            names.EVENT_NEVER_STARTS: NEVER_STARTS,
         }.get(event["status"], ENDED)
         if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
             LogForwarder(plan.backend, handle, self.log).settle()
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
 
-    def _runner(self, context: Context, plan: _Plan, records: list[AttemptRecord]) -> AttemptRunner:
+    def _resumed_runner(self, context: Context, plan: _Plan, records: list[dict[str, Any]] | None) -> AttemptRunner:
+        """The runner of a task resuming from a deferral: the records it handed ``defer``, or, where a runner
+        does not hand them back (``dag.test()``), those in the task state store, refreshed by the backend."""
+        loaded, summary = load_records(records), load_summary(records)
+        if not loaded:
+            stored, summary = self._stored(context)
+            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+        return self._runner(context, plan, loaded, summary)
+
+    def _runner(
+        self, context: Context, plan: _Plan, records: list[AttemptRecord], summary: AttemptSummary | None = None
+    ) -> AttemptRunner:
         spend = SpendControl.from_config(
             plan.backend,
             self.gpu_resources,
@@ -335,6 +365,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             resumes=bool(plan.checkpoint_uri),
             before_submit=[spend.before_submit],
             on_status=[spend.on_status],
+            summary=summary,
         )
         runner = self._attempts = AttemptRunner(
             plan.backend,
@@ -342,12 +373,13 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             log=self.log,
             label=self._task_label(),
             stop=self._stop,
-            persist=lambda records: self._persist(context, records),
+            persist=lambda records: self._persist(context, records, engine.summary),
             on_status=lambda status: self._publish_log_link(context, status.log_url),
             capacity_wait=self.capacity.spot_wait_timeout_s,
             queue_timeout=self.queue_timeout_s,
             execution_timeout=self.execution_timeout,
             cost_limit=lambda record: spend.cost_limit(record, engine.records),
+            max_records=configured_max_attempt_records(),
         )
         return runner
 
@@ -365,6 +397,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             if isinstance(step, Submit):
                 if engine.note:
                     self.log.warning("%s", engine.note)
+                if step.delay and self.deferrable:
+                    self._defer_backoff(runner, step, deadline)
                 if step.delay:
                     self._stop.wait(step.delay)
                 if self._stop.is_set():
@@ -375,8 +409,64 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 continue
             if self.deferrable:
                 self._defer(plan, runner, step.record, deadline)
-            status, outcome = runner.wait(step.record, plan.poll_interval)
+            try:
+                status, outcome = runner.wait(step.record, plan.poll_interval)
+            except GpuJobPollError as err:
+                step = runner.gave_up_reading(step.record, str(err), retry=plan.retry)
+                continue
             step = runner.after_wait(step.record, status, outcome)
+
+    def _defer_backoff(self, runner: AttemptRunner, step: Submit, deadline: float | None) -> NoReturn:
+        """Wait out the backoff before ``step`` in the triggerer, not on a worker; ``resubmit`` carries on."""
+        from gpu_provider.triggers.gpu_job import GpuBackoffTrigger
+
+        moment = time.time() + step.delay
+        self.log.info(
+            "Waiting %.1fs before attempt %d in the triggerer (GpuBackoffTrigger): no worker slot is held meanwhile.",
+            step.delay,
+            step.attempt,
+        )
+        self.defer(
+            trigger=GpuBackoffTrigger(
+                moment=moment, note=f"attempt {step.attempt} on {step.capacity} of {self._task_label()}"
+            ),
+            method_name="resubmit",
+            kwargs={
+                "records": dump_records(runner.engine.records, runner.engine.summary),
+                "deadline": deadline,
+                "attempt": step.attempt,
+                "capacity": step.capacity,
+            },
+            timeout=timedelta(seconds=step.delay + DEFER_TIMEOUT_SLACK_S),
+        )
+        raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
+
+    def resubmit(
+        self,
+        context: Context,
+        event: dict[str, Any] | None = None,
+        records: list[dict[str, Any]] | None = None,
+        deadline: float | None = None,
+        attempt: int | None = None,
+        capacity: str | None = None,
+    ) -> Any:
+        """Resume after the backoff before a resubmission: submit the next attempt (as decided before the
+        backoff; the records say again which it is, so an attempt submitted meanwhile is not sent twice)."""
+        plan = self._plan(context)
+        runner = self._resumed_runner(context, plan, records)
+        step: Step = runner.engine.resume()  # an attempt live or succeeded meanwhile wins over a new one
+        runner.engine.note = ""  # said before the backoff
+        if isinstance(step, Submit):
+            step = runner.engine.next_submit()  # the backoff is over: no second one
+        if isinstance(step, Submit) and (attempt, capacity) != (step.attempt, step.capacity):
+            self.log.info(
+                "The records now call for attempt %d on %s (attempt %s on %s was planned before the backoff).",
+                step.attempt,
+                step.capacity,
+                attempt,
+                capacity,
+            )
+        return self._run(context, plan, runner, step, deadline)
 
     def _defer(self, plan: _Plan, runner: AttemptRunner, record: AttemptRecord, deadline: float | None) -> NoReturn:
         from gpu_provider.triggers.gpu_job import GpuJobTrigger
@@ -399,7 +489,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 try_number=plan.try_number,
             ),
             method_name="execute_complete",
-            kwargs={"records": dump_records(runner.engine.records), "deadline": deadline},
+            kwargs={"records": dump_records(runner.engine.records, runner.engine.summary), "deadline": deadline},
             timeout=timeout,
         )
         raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
@@ -461,22 +551,24 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         return TaskKey(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
 
     # ------------------------------------------------------------------ records, links, logs
-    def _stored_records(self, context: Context) -> list[AttemptRecord]:
+    def _stored(self, context: Context) -> tuple[list[AttemptRecord], AttemptSummary | None]:
+        """The attempt records in the task state store, and the summary of those folded out of them."""
         store = context.get("task_state_store")
         if store is None:
-            return []
+            return [], None
         try:
-            return load_records(store.get(STATE_KEY))
+            data = store.get(STATE_KEY)
+            return load_records(data), load_summary(data)
         except Exception as err:  # the store is an optimisation; the backend lookup still works
             self.log.warning("Could not read the task state store (%s); asking the backend instead.", err)
-            return []
+            return [], None
 
-    def _persist(self, context: Context, records: list[AttemptRecord]) -> None:
+    def _persist(self, context: Context, records: list[AttemptRecord], summary: AttemptSummary | None = None) -> None:
         store = context.get("task_state_store")
         if store is None:
             return
         try:
-            store.set(STATE_KEY, cast("JsonValue", dump_records(records)))
+            store.set(STATE_KEY, cast("JsonValue", dump_records(records, summary)))
         except Exception as err:  # reattach still works through the backend's lookup
             self.log.warning("Could not save attempts to the task state store (%s).", err)
 

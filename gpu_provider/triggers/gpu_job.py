@@ -27,6 +27,7 @@ from gpu_provider.engine.watch import (
     CAPACITY_TIMEOUT,
     DEADLINE,
     ENDED,
+    NEVER_STARTS,
     QUEUE_TIMEOUT,
     RESTART_LIMIT,
     AttemptWatch,
@@ -47,6 +48,7 @@ EVENT_STATUS_BY_OUTCOME = {
     DEADLINE: names.EVENT_DEADLINE,
     RESTART_LIMIT: names.EVENT_RESTART_LIMIT,
     BUDGET: names.EVENT_BUDGET,
+    NEVER_STARTS: names.EVENT_NEVER_STARTS,
 }
 
 
@@ -152,6 +154,9 @@ class GpuJobTrigger(BaseTrigger):
     :param try_number: the Airflow try that deferred; a kill leaves the job alone when a later try owns it.
     """
 
+    #: whether the task behind the trigger owns the job (and may stop it); a watching task's trigger does not
+    owns_job: bool = True
+
     def __init__(
         self,
         *,
@@ -230,6 +235,7 @@ class GpuJobTrigger(BaseTrigger):
             stream_logs=self.stream_logs,
             restart_limit=self.restart_limit,
             cost_limit=self.cost_limit,
+            owner=self.owns_job,
         )
         try:
             while True:
@@ -248,6 +254,7 @@ class GpuJobTrigger(BaseTrigger):
                         return
                     continue
                 outcome = await asyncio.to_thread(watch.read, item)  # reads logs: not on the event loop
+                item = watch.complete(item)
                 if outcome == ENDED:
                     yield self._event(
                         EVENT_STATUS_BY_STATE[item.state],
@@ -294,3 +301,27 @@ class GpuJobTrigger(BaseTrigger):
             return
         who = self.task_label or f"Airflow task of job {handle.name}"
         await asyncio.to_thread(backend.cancel, handle, f"{who} was killed while deferred")
+
+
+class GpuBackoffTrigger(BaseTrigger):
+    """Waits out the backoff before an attempt is resubmitted (after a spot interruption), in the
+    triggerer: the deferred task holds no worker slot meanwhile. Fires once, at ``moment``.
+
+    :param moment: Unix time at which the task resumes and submits its next attempt.
+    :param note: what the wait is for, for the triggerer's log.
+    """
+
+    def __init__(self, *, moment: float, note: str = "", **_newer: Any) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.moment = float(moment)
+        self.note = note
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {"moment": self.moment, "note": self.note})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        delay = self.moment - time.time()
+        if delay > 0:
+            self.log.info("Waiting %.1fs before the next attempt%s.", delay, f": {self.note}" if self.note else "")
+            await asyncio.sleep(delay)
+        yield TriggerEvent({"status": names.EVENT_BACKOFF_DONE, "moment": self.moment})  # type: ignore[no-untyped-call]

@@ -15,8 +15,11 @@ class GpuJobWatchTrigger(GpuJobTrigger):
     """Waits for one job to end (or for ``deadline``), like ``GpuJobTrigger``; ``on_kill`` cancels nothing.
 
     Takes and serialises the same arguments as :class:`~gpu_provider.triggers.gpu_job.GpuJobTrigger`
-    (its class path is its own, so the triggerer rebuilds this class).
+    (its class path is its own, so the triggerer rebuilds this class). A status that says the job can
+    never start does not end its wait: only the job's owner stops such a job.
     """
+
+    owns_job = False
 
     async def on_kill(self) -> None:
         """The watching task was killed: the watched job is not its to stop."""

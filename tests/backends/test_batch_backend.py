@@ -352,26 +352,31 @@ TOO_BIG = (
 )
 
 
-def test_a_runnable_job_shows_why_it_waits_and_one_that_can_never_run_fails_fast(batch: BatchWorld) -> None:
+def test_a_runnable_job_shows_why_it_waits_and_one_that_can_never_run_is_reported_not_stopped(
+    batch: BatchWorld,
+) -> None:
     backend = BatchBackend(**batch.queues)
     batch.emulator.hold(batch.setup.spot_queue, reason=NO_SPOT)
     waiting = backend.submit(_request(_py("pass"), task="waits", capacity="spot"))
     status = wait_for(lambda: (s := _status(backend, waiting)).reason and s, 10, "a status reason")
-    assert (status.state, status.reason) == (JobState.QUEUED, NO_SPOT)  # may still start: keep waiting
+    assert (status.state, status.reason, status.never_starts) == (JobState.QUEUED, NO_SPOT, None)
 
     batch.emulator.hold(batch.setup.on_demand_queue)
     stuck = backend.submit(_request(_py("pass"), task="too-big"))
     wait_for(lambda: batch.describe(stuck.job_id)["status"] == "RUNNABLE", 10, "the job to be RUNNABLE")
     batch.emulator.set_status_reason(stuck.job_id, TOO_BIG)
     status = _status(backend, stuck)
-    assert status.state is JobState.FAILED and status.interruption is None
-    assert status.reason.startswith("AWS Batch cannot run this job: " + TOO_BIG)
-    # not left RUNNABLE forever, holding its place in the queue: terminated, and it stays FAILED with that reason
-    (terminate,) = batch.bodies("TerminateJob")
-    assert terminate == {"jobId": stuck.job_id, "reason": CANCEL_PREFIX + "cannot run: " + TOO_BIG}
+    # the read reports it; only the task that owns the job stops it (a read never changes anything)
+    assert (status.state, status.reason, status.never_starts) == (JobState.QUEUED, TOO_BIG, TOO_BIG)
+    assert batch.bodies("TerminateJob") == []
+    assert batch.describe(stuck.job_id)["status"] == "RUNNABLE"
+
+    # the owner's stop: Batch then reports the job FAILED, with the reason, from any reader
+    backend.cancel(stuck, names.UNRUNNABLE_MARK + TOO_BIG)
     wait_for(lambda: batch.describe(stuck.job_id)["status"] == "FAILED", 10, "the job to end")
     after = _status(backend, stuck)
-    assert (after.state, after.reason, after.interruption) == (status.state, status.reason, None)
+    assert (after.state, after.interruption) == (JobState.FAILED, None)
+    assert after.reason.startswith("AWS Batch cannot run this job: " + TOO_BIG), after
     assert _status(backend, waiting).state is JobState.QUEUED
 
 

@@ -19,6 +19,7 @@ from gpu_provider.backends.batch import (
     console_log_url,
     refine_failure,
 )
+from gpu_provider.backends.batch.mapping import RUNNABLE_REASONS, runnable_verdict, unrunnable
 
 # how Batch words the reason of a job its queue's jobStateTimeLimitActions cancelled (AWS Batch user guide)
 QUEUE_ACTION = "Terminated by JobStateTimeLimit action due to reason: "
@@ -271,3 +272,51 @@ def test_share_identifiers_come_from_the_option_or_the_config_as_json(monkeypatc
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__BATCH_SHARE_IDENTIFIERS", "vision=VisionTeam")
     with pytest.raises(ValueError, match=r"\[gpu_provider\] batch_share_identifiers must be"):
         BatchBackend(**QUEUES)
+
+
+# Batch's RUNNABLE status reasons ("Jobs stuck in a RUNNABLE status", AWS Batch user guide): each row of the
+# table, worded as Batch words it, and what the job's owner does with it
+RUNNABLE_CASES = {
+    "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT": (
+        "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - The job resource requirement (vCPU/memory/GPU) is higher than "
+        "that can be met by the CE(s) attached to the job queue.",
+        "fatal",
+    ),
+    "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE": (
+        "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE - CE(s) associated with the job queue cannot meet the "
+        "CPU requirement of the job.",
+        "wait",
+    ),
+    "MISCONFIGURATION:SERVICE_ROLE_PERMISSIONS": (
+        "MISCONFIGURATION:SERVICE_ROLE_PERMISSIONS - Batch service role has a permission issue.",
+        "wait",
+    ),
+    "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY": (
+        "CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - Service cannot fulfill the capacity requested for instance type "
+        "[p4d.24xlarge]",
+        "wait",
+    ),
+    "CAPACITY:": ("CAPACITY:A_REASON_BATCH_MAY_ADD - spot capacity", "wait"),
+    "MISCONFIGURATION:": ("MISCONFIGURATION:A_REASON_BATCH_MAY_ADD - something", "wait"),
+}
+
+
+def test_every_runnable_reason_of_the_table_has_a_case() -> None:
+    assert set(RUNNABLE_CASES) == {prefix for prefix, _ in RUNNABLE_REASONS}
+    assert dict(RUNNABLE_REASONS) == {prefix: verdict for prefix, (_, verdict) in RUNNABLE_CASES.items()}
+
+
+@pytest.mark.parametrize("prefix", list(RUNNABLE_CASES))
+def test_a_runnable_reason_is_fatal_only_when_the_job_can_never_start_as_submitted(prefix: str) -> None:
+    reason, verdict = RUNNABLE_CASES[prefix]
+    assert runnable_verdict(reason) == verdict
+    job = {"status": "RUNNABLE", "statusReason": reason}
+    assert unrunnable(job) == (reason if verdict == "fatal" else None)
+    # the same words on a job that is not RUNNABLE (or no words) never make it unrunnable
+    assert unrunnable({"status": "RUNNING", "statusReason": reason}) is None
+
+
+def test_an_unknown_runnable_reason_waits() -> None:
+    assert runnable_verdict("") == "wait"
+    assert runnable_verdict("SOMETHING_NEW - Batch said") == "wait"
+    assert unrunnable({"status": "RUNNABLE"}) is None

@@ -285,15 +285,26 @@ def test_a_failed_pod_s_reason_does_not_repeat_its_exit_code(kubernetes: Kuberne
     assert (status.state, status.exit_code, status.reason) == (JobState.FAILED, 1, "Error"), status
 
 
+#: the verbs of the fake API server's request log that change nothing
+READS = ("get", "list", "watch")
+
+
 def test_a_pod_waiting_for_a_node_past_the_startup_budget_is_a_capacity_timeout(kubernetes: KubernetesWorld) -> None:
     kubernetes.emulator.set_shortage("on-demand")
     backend = KubernetesBackend(startup_timeout=4)
     handle = backend.submit(_request("startup", py("print('x')"), capacity=names.ON_DEMAND))
+    seen = len(kubernetes.emulator.requests())  # from here on, only reads
     queued = wait_status(backend, handle, lambda s: "Unschedulable" in s.reason or s.state.terminal, "unschedulable")
     assert queued.state is JobState.QUEUED and "no on-demand capacity" in queued.reason, queued
     status = wait_ended(backend, handle, timeout=15)
     assert status.state is JobState.CANCELLED and status.interruption == names.CAPACITY_TIMEOUT, status
     assert "startup_timeout=4s" in status.reason, status
+    # a read only reports the verdict: the pod is still there, for the task that owns it to delete
+    assert status.never_starts and "startup_timeout=4s" in status.never_starts, status
+    assert kubernetes.emulator.objects("pods"), "a status read deleted the pod"
+    mutating = [r["action"] for r in kubernetes.emulator.requests(since=seen) if r["action"].split()[0] not in READS]
+    assert mutating == [], f"a status read changed something: {mutating}"
+    backend.cancel(handle, status.never_starts)  # what the owning task's wait does
     wait_for(lambda: not kubernetes.emulator.objects("pods"), 10, "the pod's deletion")
     again = poll_one(KubernetesBackend(), handle)  # gone: its Event still says why
     assert again.state is JobState.CANCELLED and again.interruption == names.CAPACITY_TIMEOUT, again

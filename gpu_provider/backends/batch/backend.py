@@ -63,7 +63,6 @@ from gpu_provider.backends.batch import options
 from gpu_provider.backends.batch.mapping import (
     CANCEL_PREFIX,
     STATE_TABLE,
-    UNRUNNABLE_MARK,
     console_log_url,
     definition_name,
     exit_code,
@@ -73,7 +72,6 @@ from gpu_provider.backends.batch.mapping import (
     seconds_from_ms,
     tag_number,
     unrunnable,
-    unrunnable_reason,
 )
 from gpu_provider.backends.common import keep_bounded, run_bounded, text_option
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
@@ -582,17 +580,8 @@ class BatchBackend(Backend):
                 result[job_id] = self.status_of(job, handle)
             except ValueError as err:  # e.g. a state this version does not know: this job alone
                 result[job_id] = GpuJobStatusError(f"AWS Batch job {handle.name} (id {job_id}): {err}")
-                continue
-            blocked = unrunnable(job)
-            if blocked is not None:
-                # reported FAILED: terminate it too, or it would keep its place in the queue forever
-                try:
-                    self._terminate(job_id, UNRUNNABLE_MARK + blocked)
-                except Exception as err:  # reported again, and terminated, on the next poll
-                    result[job_id] = GpuJobStatusError(
-                        f"AWS Batch job {handle.name} (id {job_id}) can never start ({blocked}), and terminating "
-                        f"it failed: {err}"
-                    )
+        # a read never changes anything: a job that can never start is reported (never_starts), and only
+        # the task that owns it terminates it
         return result
 
     def _missing(self, handle: JobHandle, now: float) -> JobStatus | GpuJobStatusError:
@@ -620,11 +609,8 @@ class BatchBackend(Backend):
         state = map_state(STATE_TABLE, str(job.get("status")), backend=self.name)
         reason = str(job.get("statusReason") or "")
         interruption = None
-        blocked = unrunnable(job)
         if state is JobState.FAILED:
             state, reason, interruption = refine_failure(job)
-        elif blocked is not None:
-            state, reason = JobState.FAILED, unrunnable_reason(blocked)
         elif state is JobState.SUCCEEDED:
             reason = ""  # Batch says "Essential container in task exited" on success too: no news
         started = seconds_from_ms(job.get("startedAt"))
@@ -647,6 +633,7 @@ class BatchBackend(Backend):
             capacity=handle.capacity,  # the attempt's queue decides it (Batch does not report it per job)
             owner_try=int(owner) if owner.isdigit() else None,
             collected=str(tags.get(names.TAG_COLLECTED) or "").lower() == "true",
+            never_starts=unrunnable(job),
         )
 
     def read_owner(self, handle: JobHandle) -> OwnerRead:

@@ -14,8 +14,10 @@ RUNNING, SUCCEEDED and FAILED map to themselves. A FAILED job is read further by
 * anything else (the container exited non-zero, the attempt timed out): ``FAILED``.
 
 A RUNNABLE job is ``QUEUED`` with Batch's status reason (``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY
-- ...``), except one whose reason says it can never start (``MISCONFIGURATION:...``, see
-:func:`unrunnable`): that one is ``FAILED`` at once, and the backend terminates it.
+- ...``). Reading it never changes it: where the reason says the job can never start as submitted
+(:data:`RUNNABLE_REASONS`, verdict :data:`FATAL`), the status carries ``never_starts`` and only the
+task that owns the job acts on it (it terminates the job and fails); a reason an administrator can
+fix (:data:`WAIT`) waits out the task's ``queue_timeout`` or spot wait like any queued job.
 
 Batch has no structured "spot interruption" field; the status reason is what its own
 ``evaluateOnExit`` retry rules match on (``onStatusReason: "Host EC2*"``), and so do we.
@@ -59,29 +61,56 @@ CANCEL_PREFIX = names.CANCEL_PREFIX
 QUEUE_ACTION_PREFIX = "Terminated by JobStateTimeLimit action due to reason: "
 
 
-#: the start of a RUNNABLE job's status reason when Batch sees it can never start (its queue's
-#: compute environments cannot hold it, the service role lacks a permission...): it would wait forever
-UNRUNNABLE_PREFIX = "MISCONFIGURATION:"
-#: after :data:`CANCEL_PREFIX`: this provider terminated a job that could never start; it reads FAILED
-UNRUNNABLE_MARK = "cannot run: "
+#: verdicts of :data:`RUNNABLE_REASONS`: the job as submitted can never start (its owner stops it
+#: and fails), or it waits (the reason may clear by itself or by an administrator's fix)
+FATAL = "fatal"
+WAIT = "wait"
+
+#: the reasons Batch gives a RUNNABLE job blocking its queue (``statusReason``, as in Batch's "Jobs
+#: stuck in a RUNNABLE status"), by prefix, longest match first, and what each means for the job's
+#: owner. Only a reason that this job can never start as submitted is fatal; a limit or permission an
+#: administrator can change, and capacity, wait (the task's ``queue_timeout`` or spot wait applies).
+#: A reason not listed waits too: nothing destructive on a guess.
+RUNNABLE_REASONS: tuple[tuple[str, str], ...] = (
+    # no instance type of the queue's compute environments is big enough for the job (vCPU/memory/GPU)
+    ("MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT", FATAL),
+    # the compute environments' maxvCpus is below the job's needs: an administrator can raise it
+    ("MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE", WAIT),
+    # the Batch service role lacks a permission: an administrator can grant it
+    ("MISCONFIGURATION:SERVICE_ROLE_PERMISSIONS", WAIT),
+    # no capacity of the instance types now (spot or on-demand): it may come
+    ("CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY", WAIT),
+    ("CAPACITY:", WAIT),
+    # a misconfiguration Batch may name in a later version: not known to be permanent
+    ("MISCONFIGURATION:", WAIT),
+)
+
+#: after :data:`CANCEL_PREFIX`: the owning task terminated a job that could never start; it reads FAILED
+UNRUNNABLE_MARK = names.UNRUNNABLE_MARK
+
+
+def runnable_verdict(status_reason: str) -> str:
+    """:data:`FATAL` or :data:`WAIT` for a RUNNABLE job's status reason (:data:`RUNNABLE_REASONS`)."""
+    for prefix, verdict in sorted(RUNNABLE_REASONS, key=lambda row: -len(row[0])):
+        if status_reason.startswith(prefix):
+            return verdict
+    return WAIT
 
 
 def unrunnable(job: Mapping[str, Any]) -> str | None:
-    """The status reason of a RUNNABLE job that can never start (``MISCONFIGURATION:...``), else ``None``.
-
-    Other reasons (``CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY``) may clear by themselves: the job keeps
-    waiting, with the reason shown, until the policy's wait for capacity runs out.
-    """
+    """The status reason of a RUNNABLE job that can never start as submitted (verdict :data:`FATAL`), else
+    ``None``. Other reasons (``CAPACITY:...``, a limit an administrator can raise) keep the job waiting,
+    with the reason shown, until the task's queue timeout or spot wait runs out."""
     reason = str(job.get("statusReason") or "")
-    return reason if job.get("status") == "RUNNABLE" and reason.startswith(UNRUNNABLE_PREFIX) else None
+    return reason if job.get("status") == "RUNNABLE" and runnable_verdict(reason) == FATAL else None
 
 
 def unrunnable_reason(status_reason: str) -> str:
-    """What a person reads about a job that could never start (before and after it was terminated)."""
+    """What a person reads about a job its owner terminated because it could never start."""
     return (
         f"AWS Batch cannot run this job: {status_reason}. Fix the job's resources (gpus, cpu, memory) or the "
-        "compute environments and roles behind its job queue; the job was terminated instead of waiting "
-        "in the queue forever."
+        "compute environments behind its job queue; the task that owned the job terminated it instead of "
+        "letting it wait in the queue forever."
     )
 
 

@@ -25,6 +25,7 @@ import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
@@ -558,9 +559,11 @@ class KubernetesBackend(Backend):
                 f"not running {waited:.0f}s after creation, past startup_timeout={self.startup_timeout:g}s ({reason})"
             )
             state, reason = JobState.FAILED, stop
+        status = self._status_of(handle, obj, pods, state, reason, interruption, remote)
         if stop is not None and not (obj.get("metadata") or {}).get("deletionTimestamp"):
-            self._stop(handle, kind, stop, event=EVENT_CANCELLED if state is JobState.CANCELLED else EVENT_FAILED)
-        return self._status_of(handle, obj, pods, state, reason, interruption, remote)
+            # a read changes nothing: the verdict is reported, and the task that owns the attempt deletes it
+            status = replace(status, never_starts=stop)
+        return status
 
     def _status_of(
         self,
@@ -626,6 +629,10 @@ class KubernetesBackend(Backend):
             message = str(event.get("message") or "")
             if event.get("reason") == EVENT_CANCELLED:
                 text = message.removeprefix(names.CANCEL_PREFIX)
+                if text.startswith(names.UNRUNNABLE_MARK):  # its owner deleted it because it could never start
+                    return JobStatus(
+                        state=JobState.FAILED, reason=text[len(names.UNRUNNABLE_MARK) :], capacity=handle.capacity
+                    )
                 return JobStatus(
                     state=JobState.CANCELLED,
                     reason=text,
@@ -683,7 +690,11 @@ class KubernetesBackend(Backend):
             remote, _ = pod_remote_state(obj)
         else:
             remote, _ = job_remote_state(obj, [])
-        if remote != "Deleted" and map_state(STATE_TABLE, remote, backend=self.name).terminal:
+        try:
+            ended = remote != "Deleted" and map_state(STATE_TABLE, remote, backend=self.name).terminal
+        except ValueError:  # a state this version does not know is not known to have ended: stop it
+            ended = False
+        if ended and not remote.startswith("Pending:"):  # a pod that can never start still holds its node request
             return  # ended: nothing to stop, and its outcome stays readable
         self._stop(handle, kind, names.CANCEL_PREFIX + reason, event=EVENT_CANCELLED)
 
