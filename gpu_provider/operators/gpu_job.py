@@ -353,7 +353,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 runner.collect(None if retried else step.record)
                 raise runner.explain(step)
             if isinstance(step, Succeed):
-                return runner.succeed(step.record, plan.checkpoint_uri)
+                result = runner.succeed(step.record, plan.checkpoint_uri)
+                self._describe_outlets(context, result)
+                return result
             if isinstance(step, Submit):
                 if engine.note:
                     self.log.warning("%s", engine.note)
@@ -368,6 +370,18 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 self._defer(plan, runner, step.record, deadline)
             status, outcome = runner.wait(step.record, plan.poll_interval)
             step = runner.after_wait(step.record, status, outcome)
+
+    def _describe_outlets(self, context: Context, result: dict[str, Any]) -> None:
+        """Put the job's declared output in the extra of each asset event this task emits (its ``outlets``),
+        so a DAG scheduled on the asset finds the new data: ``{"output_uri": ...}``."""
+        from airflow.sdk import Asset
+
+        events = context.get("outlet_events")
+        if not result.get("output_uri") or events is None:
+            return
+        for outlet in self.outlets:
+            if isinstance(outlet, Asset):
+                events[outlet].extra["output_uri"] = str(result["output_uri"])
 
     def _defer(self, plan: _Plan, runner: AttemptRunner, record: AttemptRecord, deadline: float | None) -> NoReturn:
         from gpu_provider.triggers.gpu_job import GpuJobTrigger
