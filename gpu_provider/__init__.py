@@ -59,14 +59,29 @@ _LAZY = {
 }
 
 __all__ = [
+    "TEMPLATE_FILTERS",
     "CapacityPolicy",
     "Checkpoint",
+    "CheckpointSensor",
+    "GpuJobCancelledError",
+    "GpuJobDeadlineError",
+    "GpuJobError",
+    "GpuJobFailedError",
+    "GpuJobInterruptionBudgetError",
+    "GpuJobOperator",
+    "GpuJobSensor",
+    "GpuJobStoppedError",
+    "GpuReaperOperator",
     "GpuResources",
+    "JobIdentity",
+    "JobState",
     "OnDemand",
     "Spot",
+    "SpotCapacitySensor",
     "SpotFallback",
+    "TaskKey",
     "__version__",
-    *_LAZY,
+    "path_segment",
 ]
 
 

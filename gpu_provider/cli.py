@@ -6,6 +6,7 @@ a module adds one with a line here::
     gpu-provider pools sync [--dry-run] [--fail-stuck]      team pools in Airflow, from the quota file
     gpu-provider quotas validate [FILE]                     read and check the quota file
     gpu-provider quotas render --batch|--kubernetes|--kueue the services' own quota objects
+    gpu-provider emulator batch|sagemaker|kubernetes|ec2    a local emulator, and the settings to paste
 
 Exit status: 0 done; 1 an error (the message says which file, field or call); 3 ``pools sync`` found
 tasks waiting for a pool that does not exist (and did not fail them).
@@ -187,11 +188,34 @@ def _add_check(sub: Any) -> None:
     check.add_argument("rest", nargs=argparse.REMAINDER)  # main() hands everything after "check" to it
 
 
+def run_emulator(rest: Sequence[str]) -> int:
+    try:
+        from gpu_provider.testing.emulators.serve import main as emulator_main
+    except ImportError as err:  # moto or the kubernetes client missing
+        print(
+            f"gpu-provider: error: the emulators need the testing extra ({err}): "
+            "pip install 'airflow-provider-gpu[testing]'",
+            file=sys.stderr,
+        )
+        return 1
+    return emulator_main(rest, prog="gpu-provider emulator")
+
+
+def _add_emulator(sub: Any) -> None:
+    emulator = sub.add_parser(
+        "emulator",
+        add_help=False,  # its own options pass through: see gpu-provider emulator -h
+        help="start a local emulator (batch, sagemaker, kubernetes, ec2) and print the settings to paste",
+    )
+    emulator.add_argument("rest", nargs=argparse.REMAINDER)
+
+
 #: (name, adds its parser to the subcommands): one line per command group
 COMMANDS: list[tuple[str, Callable[[Any], None]]] = [
     ("pools", _add_pools),
     ("quotas", _add_quotas),
     ("check", _add_check),
+    ("emulator", _add_emulator),
 ]
 
 
@@ -207,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["check"]:  # the checker parses its own options (argparse would take its --help)
         return run_check(given[1:])
+    if given[:1] == ["emulator"]:
+        return run_emulator(given[1:])
     args = build_parser().parse_args(given)
     try:
         return int(args.func(args))

@@ -69,6 +69,7 @@ def test_the_public_names_import_from_the_package() -> None:
     assert JobIdentity is Base and GpuJobOperator is Operator
     assert JobIdentity(TaskKey("d", "t", "r"), 1, 1, "spot").name.startswith("gp-d-t-")
     assert set(gpu_provider.__all__) <= set(dir(gpu_provider))
+    assert set(gpu_provider._LAZY) <= set(gpu_provider.__all__), "a lazy name missing from __all__"
 
 
 def test_an_unknown_name_says_so() -> None:
