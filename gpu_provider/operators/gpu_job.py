@@ -97,6 +97,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     :param env: extra environment variables for the job (templated). The job does not inherit the
         worker's environment; it gets a minimal base (PATH, HOME, locale), this, and the contract.
     :param resources: :class:`~gpu_provider.GpuResources` or a dict of its fields (default 1 GPU, 1 node).
+    :param gpu_resources: the same as ``resources``; the name :meth:`partial` stores it under for a mapped task
+        (Airflow's own ``resources`` field is for CPU and RAM)
     :param capacity: :class:`~gpu_provider.OnDemand` (default), :class:`~gpu_provider.Spot`,
         :class:`~gpu_provider.SpotFallback`, or ``"on_demand"`` | ``"spot"`` | ``"spot_fallback"``.
     :param checkpoint: :class:`~gpu_provider.Checkpoint` or a URI string (its URI is templated);
@@ -150,9 +152,12 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         deferrable: bool | str | None = None,
         poll_interval: float | None = None,
         max_cost_usd: float | None = None,
+        gpu_resources: Any = None,
         **kwargs: Any,
     ) -> None:
-        self.gpu_resources = to_resources(resources)
+        if resources is not None and gpu_resources is not None:
+            raise ValueError("give resources= (or gpu_resources=, its name in a mapped task's partial), not both")
+        self.gpu_resources = to_resources(resources if resources is not None else gpu_resources)
         kwargs.update(team_pool(team, kwargs.get("pool"), self.gpu_resources))
         kwargs.update(priority_weight(priority, kwargs.get("weight_rule")))
         super().__init__(**kwargs)
@@ -198,6 +203,26 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self._try_number: int | None = None
         self._log_link: str | None = None
         self._stop = threading.Event()
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:  # type: ignore[override]
+        """``GpuJobOperator.partial(...).expand(...)``: a mapped task, each map index its own job.
+
+        Airflow's scheduler reads a mapped task's ``pool``, ``pool_slots`` and ``priority_weight`` from
+        ``partial()``, before any ``__init__`` runs: ``team=``, ``resources=`` and ``priority=`` set them
+        here as ``__init__`` does for an unmapped task, so each map index holds its own GPUs of the team's
+        pool. Give ``team``, ``resources`` and ``priority`` to ``partial()``: expanded, they do not change
+        the pool slots the scheduler reserves.
+        """
+        # Airflow's serialisation reads a partial's `resources` as BaseOperator's own (CPU/RAM Resources):
+        # ours travel as gpu_resources
+        if "resources" in kwargs:
+            kwargs["gpu_resources"] = to_resources(kwargs.pop("resources"))
+        if kwargs.get("team") is not None:
+            resources = to_resources(kwargs.get("gpu_resources"))
+            kwargs.update(team_pool(kwargs["team"], kwargs.get("pool"), resources))
+        kwargs.update(priority_weight(kwargs.get("priority"), kwargs.get("weight_rule")))
+        return super().partial(**kwargs)
 
     # ------------------------------------------------------------------ parse & render checks
     def _plan(self, context: Context) -> _Plan:

@@ -551,6 +551,7 @@ class _FakeDagRun:
 class _FakeTi:
     task: Any
     run_id: str
+    map_index: int = 0
 
     @property
     def task_id(self) -> str:
