@@ -22,7 +22,6 @@ import os
 import sys
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
 from airflow.sdk import DAG, Asset, Param, task
 
@@ -38,26 +37,6 @@ _IMAGE = os.environ.get("GPU_PIPELINE_IMAGE", "")
 _PYTHON = {"local": sys.executable, "batch": "python", "sagemaker": "python", "kubernetes": "python"}
 #: where a run writes, next to its dataset (pick_dataset's XCom: {"dataset": ..., "base": ...})
 RUN = "{{ ti.xcom_pull(task_ids='pick_dataset')['base'] }}/retrain/{{ run_id | path_segment }}"
-
-
-def dataset_folder(uri: Any) -> str:
-    """``uri`` checked: a ``file://`` URI of an absolute folder named ``dataset`` (what preprocess writes),
-    without ``..``; the example's job programs read and write local files only."""
-    parts = urlsplit(str(uri))
-    if (
-        parts.scheme != "file"
-        or parts.netloc
-        or parts.query
-        or parts.fragment
-        or not parts.path.startswith("/")
-        or ".." in parts.path.split("/")
-        or not parts.path.rstrip("/").endswith("/dataset")
-    ):
-        raise ValueError(
-            f"the asset event's output_uri {str(uri)[:200]!r} is not a file:// URI of a dataset folder written by "
-            "gpu_ml_pipeline's preprocess (file:///<data root>/<week>/dataset)"
-        )
-    return str(uri).rstrip("/")
 
 
 with DAG(
@@ -80,18 +59,9 @@ with DAG(
     @task(inlets=[DATASET])
     def pick_dataset(**context: Any) -> dict[str, str]:
         """The dataset of the event that triggered this run, else (a manual run) the asset's latest event."""
-        triggering = context.get("triggering_asset_events") or {}
-        events = list(triggering.get(DATASET) or []) if hasattr(triggering, "get") else []
-        if not events:
-            try:
-                events = [context["inlet_events"][DATASET][-1]]
-            except (IndexError, KeyError):
-                raise ValueError(
-                    "no dataset to retrain on: the asset gpu_ml_pipeline_dataset has no event yet. Run "
-                    "gpu_ml_pipeline first (its preprocess task publishes one)"
-                ) from None
-        found = dataset_folder((events[-1].extra or {}).get("output_uri"))
-        return {"dataset": found, "base": found.rsplit("/", 1)[0]}
+        from gpu_provider.examples.assets import pick_dataset
+
+        return pick_dataset(DATASET, context)
 
     retrain = GpuJobOperator(
         task_id="retrain",

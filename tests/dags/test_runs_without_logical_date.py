@@ -18,6 +18,7 @@ from tests.harness import REPO, Harness
 
 PIPELINE = REPO / "dags" / "gpu_ml_pipeline.py"
 RETRAIN = REPO / "dags" / "gpu_retrain_on_new_data.py"
+SWEEP = REPO / "dags" / "gpu_lr_sweep.py"
 
 
 def test_the_pipeline_and_the_retraining_run_without_a_logical_date(harness: Harness) -> None:
@@ -58,6 +59,23 @@ def test_the_pipeline_and_the_retraining_run_without_a_logical_date(harness: Har
     assert result["checkpoint_uri"].startswith(f"{week}/retrain/manual__"), result
     assert (Path(result["output_uri"].removeprefix("file://")) / "model.npz").is_file()
 
+    # the learning-rate sweep on the same dataset: a mapped task, one job per learning rate
+    shutil.copy(SWEEP, dags / SWEEP.name)
+    conf = {"learning_rates": [0.3, 0.1, 0.03], "epochs": 1}
+    sweep = harness.run(dags / SWEEP.name, "gpu_lr_sweep", logical_date=None, conf=conf, extra_env=env, timeout=300)
+    assert sweep.state.endswith("success"), sweep.log[-4000:]
+    runs = [sweep[f"train[{i}]"] for i in range(3)]
+    assert [r.state for r in runs] == ["success"] * 3
+    names = [r.result["job_name"] for r in runs]
+    assert len(set(names)) == 3 and all(f"-m{i}-" in name for i, name in enumerate(names)), names
+    for i, r in enumerate(runs):
+        assert (
+            r.output is not None
+            and r.output.startswith(f"{week}/sweeps/manual__")
+            and r.output.endswith(f"/lr{i}/model")
+        )
+        assert r.result["checkpoint_uri"].endswith(f"/lr{i}/checkpoints")
+
 
 def test_the_retraining_dag_says_what_to_do_before_any_dataset(harness: Harness) -> None:
     """A manual run before the pipeline ever published a dataset fails with what to do, and submits nothing."""
@@ -71,7 +89,7 @@ def test_the_retraining_dag_says_what_to_do_before_any_dataset(harness: Harness)
         extra_env={"AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(harness.state_dir)},
     )
     assert run["pick_dataset"].state == "failed"
-    assert "no dataset to retrain on" in run.log and "Run gpu_ml_pipeline first" in run.log
+    assert "no dataset to train on" in run.log and "Run gpu_ml_pipeline first" in run.log
     assert run["retrain"].state == "upstream_failed"
 
 
@@ -79,10 +97,9 @@ def test_the_retraining_dag_says_what_to_do_before_any_dataset(harness: Harness)
     "uri",
     ["s3://bucket/2026-01-05/dataset", "file:///data/../etc/dataset", "file://host/data/dataset", "file:///data/x"],
 )
-def test_the_retraining_dag_takes_only_a_dataset_folder(uri: str, airflow_home: Path) -> None:
-    import runpy
+def test_the_retraining_dag_takes_only_a_dataset_folder(uri: str) -> None:
+    from gpu_provider.examples.assets import dataset_folder
 
-    dataset_folder = runpy.run_path(str(RETRAIN))["dataset_folder"]
     with pytest.raises(ValueError, match="is not a file:// URI of a dataset folder"):
         dataset_folder(uri)
     assert dataset_folder("file:///data/2026-01-05/dataset/") == "file:///data/2026-01-05/dataset"
