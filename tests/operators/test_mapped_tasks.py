@@ -59,23 +59,32 @@ def test_each_map_index_is_its_own_job_and_reattaches_to_its_own_after_a_crash(h
     release = harness.tmp / "release"
     dag_file = _mapped_dag(harness, "mapped_local", f"LocalBackend(state_dir={str(harness.state_dir)!r})", hold=release)
     worker, _, _ = harness.start(dag_file, "mapped_local")
-    # dag.test runs the map indexes one at a time: the first one's job runs (held after its last step)
-    first = wait_for(lambda: _pids(harness.tmp / "pids0") or None, 120, "map index 0's job to start")
-    job_pid = int((harness.tmp / "pids0" / f"{next(iter(first))}.pid").read_text())
+
+    # dag.test runs the map indexes one at a time, in no fixed order: the first one's job runs (held after
+    # its last step)
+    def started() -> int | None:
+        return next((i for i in range(SWEEP) if _pids(harness.tmp / f"pids{i}")), None)
+
+    wait_for(lambda: started() is not None, 120, "a map index's job to start")
+    first = started()
+    assert first is not None
+    job_pid = int((harness.tmp / f"pids{first}" / "1-0.pid").read_text())
     os.killpg(worker.pid, signal.SIGKILL)  # the worker dies; the job does not
     worker.wait(timeout=10)
     assert pid_alive(job_pid)
+    assert [i for i in range(SWEEP) if _pids(harness.tmp / f"pids{i}")] == [first], "one map index ran so far"
 
     retry = harness.start(dag_file, "mapped_local")
-    wait_for(lambda: "Reattaching to local job" in retry[2].read_text(), 180, "map index 0 to reattach")
+    wait_for(lambda: "Reattaching to local job" in retry[2].read_text(), 180, f"map index {first} to reattach")
     release.touch()
     run = harness.finish(*retry, timeout=300)
     assert run.state.endswith("success"), run.log[-4000:]
-    assert run.log.count("Reattaching to local job") == 1, "only map index 0 had a job to reattach to"
+    assert run.log.count("Reattaching to local job") == 1, f"only map index {first} had a job to reattach to"
+    assert f"-m{first}-" in run.log.split("Reattaching to local job", 1)[1].split("\n", 1)[0]
     tasks = [run[f"sweep[{i}]"] for i in range(SWEEP)]
     assert [t.state for t in tasks] == ["success"] * SWEEP
     assert [len(t.attempts) for t in tasks] == [1] * SWEEP
-    # one job per map index, each ran once (map index 0's job was not submitted twice)
+    # one job per map index, each ran once (the first map index's job was not submitted twice)
     assert [_pids(harness.tmp / f"pids{i}") for i in range(SWEEP)] == [{"1-0"}] * SWEEP
     job_names = [t.result["job_name"] for t in tasks]
     assert len(set(job_names)) == SWEEP and all(f"-m{i}-" in n for i, n in enumerate(job_names)), job_names
