@@ -118,6 +118,16 @@ with DAG(dag_id="fan_out", schedule=None, catchup=False) as fan_out:
     GpuJobOperator.partial(
         task_id="job", backend=LocalBackend(state_dir=STATE), deferrable=True, poll_interval=0.5
     ).expand(command=[job(10) + [f"fan{{i}}"] for i in range(4)])
+
+with DAG(dag_id="fan_out_batch", schedule=None, catchup=False) as fan_out_batch:
+    # a sweep on a remote backend (the Batch emulator): each map index its own Batch job
+    GpuJobOperator.partial(
+        task_id="job",
+        backend=BatchBackend(spot_queue={spot_queue!r}, on_demand_queue={on_demand_queue!r}),
+        image="trainer:1",
+        deferrable=True,
+        poll_interval=0.5,
+    ).expand(command=[job(10) + [f"bfan{{i}}"] for i in range(3)])
 """
 
 
@@ -329,6 +339,22 @@ def test_deferred_tasks_succeed_through_the_real_triggerer(airflow: Airflow) -> 
     tis = airflow.api("GET", "/dags/fan_out/dagRuns/run1/taskInstances")["task_instances"]
     assert sorted(ti["state"] for ti in tis) == ["success"] * 4
     assert sorted(p.name for p in airflow.pids.glob("1-fan*.pid")) == [f"1-fan{i}.pid" for i in range(4)]
+
+
+def test_a_mapped_task_on_batch_runs_each_map_index_as_its_own_job(airflow: Airflow, batch: BatchWorld) -> None:
+    airflow.trigger("fan_out_batch", "run1")
+
+    def all_done() -> bool:
+        tis = airflow.api("GET", "/dags/fan_out_batch/dagRuns/run1/taskInstances")["task_instances"]
+        return len(tis) == 3 and all(ti["state"] in ("success", "failed") for ti in tis)
+
+    wait_for(all_done, 240, "the mapped Batch tasks to finish")
+    tis = airflow.api("GET", "/dags/fan_out_batch/dagRuns/run1/taskInstances")["task_instances"]
+    assert sorted(ti["state"] for ti in tis) == ["success"] * 3
+    submits = [b for b in batch.bodies("SubmitJob") if b["jobName"].startswith("gp-fan-out-batch-job-")]
+    assert len({b["jobName"] for b in submits}) == len(submits) == 3, [b["jobName"] for b in submits]
+    assert sorted(b["tags"]["gpu-provider/map-index"] for b in submits) == ["0", "1", "2"]
+    assert sorted(p.name for p in airflow.pids.glob("1-bfan*.pid")) == [f"1-bfan{i}.pid" for i in range(3)]
 
 
 def test_marking_a_deferred_batch_task_failed_terminates_its_job(airflow: Airflow, batch: BatchWorld) -> None:
