@@ -11,7 +11,10 @@ Every stage is a ``GpuJobOperator`` running one of the example job programs ship
 trainer image with the package installed. The stages are chained through XCom: each job declares
 its output URI (``gpu_provider.runtime.declare_output``), the operator returns it as
 ``output_uri``, and the next stage's command reads it with ``ti.xcom_pull``. The schedule is weekly
-and every data path comes from the data interval, so a backfill retrains on past weeks.
+and every data path comes from the data interval, so a backfill retrains on past weeks; a run without
+a data interval (triggered with no logical date from the UI or the REST API) takes the 7 days before
+it was created. ``preprocess`` publishes the asset ``gpu_ml_pipeline_dataset`` with the new dataset's
+URI, and ``gpu_retrain_on_new_data`` retrains whenever it changes.
 
 Trigger it from the UI to get a form: the backend per stage, epochs, seconds per training step and
 simulated spot interruptions. The form is user input, so it offers only choices that cannot run
@@ -50,7 +53,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Asset, Param
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from gpu_provider import Checkpoint, GpuResources, SpotFallback
@@ -92,6 +95,8 @@ def _checkpoint_root() -> str:
     return root
 
 
+#: published by ``preprocess`` for every dataset it writes; ``dags/gpu_retrain_on_new_data.py`` is scheduled on it
+DATASET = Asset("gpu_ml_pipeline_dataset")
 _BACKEND = os.environ.get("GPU_PIPELINE_BACKEND", "local")
 _CAPS = backend_class(_BACKEND).capabilities  # what the backend can run: read, not assumed per name
 _BACKENDS = ["local", "batch", "sagemaker", "kubernetes"]  # the backends this example is shaped for
@@ -101,7 +106,11 @@ _DATA_ROOT = _data_root()
 # this package), the image's `python` on container backends. A form param selects a key, never a value.
 _PYTHON = {"local": sys.executable, "batch": "python", "sagemaker": "python", "kubernetes": "python"}
 
-WEEK = _DATA_ROOT + "/{{ data_interval_start | ds }}"
+# The run's data window: its data interval. Runs without one (manual runs triggered with no logical date
+# from the UI or the REST API, asset-triggered runs) take the 7 days before the run was created.
+START = "(data_interval_start | default(dag_run.run_after - macros.timedelta(days=7), true))"
+END = "(data_interval_end | default(dag_run.run_after, true))"
+WEEK = _DATA_ROOT + "/{{ " + START + " | ds }}"
 # run ids are chosen by whoever triggers a run and hold ':' and '+': the provider's path_segment filter
 # (gpu_provider.templates) makes one storage-safe folder name of them
 RUN = WEEK + "/runs/{{ run_id | path_segment }}"
@@ -153,9 +162,9 @@ with DAG(
         command=[
             *_stage("preprocess", "preprocess_backend"),
             "--start",
-            "{{ data_interval_start | ds }}",
+            "{{ " + START + " | ds }}",
             "--end",
-            "{{ data_interval_end | ds }}",
+            "{{ " + END + " | ds }}",
             "--out",
             WEEK + "/dataset",
         ],
@@ -164,6 +173,9 @@ with DAG(
         team="research",
         priority=10,
         max_runtime=timedelta(minutes=10),
+        # each new dataset is an asset event (its extra: the dataset's output_uri); gpu_retrain_on_new_data
+        # is scheduled on it
+        outlets=[DATASET],
     )
 
     train = GpuJobOperator(

@@ -1,16 +1,98 @@
 """airflow-provider-gpu: GPU stages of ML pipelines from Airflow DAG tasks.
 
-Public names for DAG authors (cheap to import: no boto3, no kubernetes)::
+The public names, all importable from here::
 
-    from gpu_provider import GpuResources, Checkpoint, OnDemand, Spot, SpotFallback
-    from gpu_provider.operators import GpuJobOperator
+    from gpu_provider import GpuResources, Checkpoint, OnDemand, Spot, SpotFallback  # the job's spec
+    from gpu_provider import GpuJobOperator, GpuReaperOperator                      # operators
+    from gpu_provider import CheckpointSensor, GpuJobSensor, SpotCapacitySensor     # sensors
+    from gpu_provider import JobIdentity, TaskKey, JobState                         # a job's identity, states
+    from gpu_provider import path_segment, TEMPLATE_FILTERS                         # template filters
+    from gpu_provider import GpuJobError, GpuJobFailedError, ...                    # the errors tasks raise
+
+Importing the package stays cheap (no Airflow, boto3 or kubernetes): the spec classes are defined in small
+modules, every other name is imported on first use. The subpackages (``gpu_provider.operators``,
+``gpu_provider.sensors``, ``gpu_provider.backends.<name>``, ``gpu_provider.runtime``) stay importable too.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from gpu_provider.job import Checkpoint, GpuResources
 from gpu_provider.recovery import CapacityPolicy, OnDemand, Spot, SpotFallback
 
+if TYPE_CHECKING:
+    from gpu_provider.backends.base import JobIdentity, JobState, TaskKey
+    from gpu_provider.exceptions import (
+        GpuJobCancelledError,
+        GpuJobDeadlineError,
+        GpuJobError,
+        GpuJobFailedError,
+        GpuJobInterruptionBudgetError,
+        GpuJobStoppedError,
+    )
+    from gpu_provider.operators import GpuJobOperator, GpuReaperOperator
+    from gpu_provider.sensors import CheckpointSensor, GpuJobSensor, SpotCapacitySensor
+    from gpu_provider.templates import TEMPLATE_FILTERS, path_segment
+
 __version__ = "0.4.0"
 
-__all__ = ["CapacityPolicy", "Checkpoint", "GpuResources", "OnDemand", "Spot", "SpotFallback", "__version__"]
+#: the names imported on first use, and their modules
+_LAZY = {
+    "GpuJobOperator": "gpu_provider.operators",
+    "GpuReaperOperator": "gpu_provider.operators",
+    "CheckpointSensor": "gpu_provider.sensors",
+    "GpuJobSensor": "gpu_provider.sensors",
+    "SpotCapacitySensor": "gpu_provider.sensors",
+    "JobIdentity": "gpu_provider.backends.base",
+    "JobState": "gpu_provider.backends.base",
+    "TaskKey": "gpu_provider.backends.base",
+    "path_segment": "gpu_provider.templates",
+    "TEMPLATE_FILTERS": "gpu_provider.templates",
+    "GpuJobError": "gpu_provider.exceptions",
+    "GpuJobFailedError": "gpu_provider.exceptions",
+    "GpuJobStoppedError": "gpu_provider.exceptions",
+    "GpuJobCancelledError": "gpu_provider.exceptions",
+    "GpuJobInterruptionBudgetError": "gpu_provider.exceptions",
+    "GpuJobDeadlineError": "gpu_provider.exceptions",
+}
+
+__all__ = [
+    "TEMPLATE_FILTERS",
+    "CapacityPolicy",
+    "Checkpoint",
+    "CheckpointSensor",
+    "GpuJobCancelledError",
+    "GpuJobDeadlineError",
+    "GpuJobError",
+    "GpuJobFailedError",
+    "GpuJobInterruptionBudgetError",
+    "GpuJobOperator",
+    "GpuJobSensor",
+    "GpuJobStoppedError",
+    "GpuReaperOperator",
+    "GpuResources",
+    "JobIdentity",
+    "JobState",
+    "OnDemand",
+    "Spot",
+    "SpotCapacitySensor",
+    "SpotFallback",
+    "TaskKey",
+    "__version__",
+    "path_segment",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpu_provider' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: the next lookup does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -4,8 +4,9 @@ Subcommands register themselves in :data:`COMMANDS` (a name and a function that 
 a module adds one with a line here::
 
     gpu-provider pools sync [--dry-run] [--fail-stuck]      team pools in Airflow, from the quota file
-    gpu-provider quotas validate                            read and check the quota file
+    gpu-provider quotas validate [FILE]                     read and check the quota file
     gpu-provider quotas render --batch|--kubernetes|--kueue the services' own quota objects
+    gpu-provider emulator batch|sagemaker|kubernetes|ec2    a local emulator, and the settings to paste
 
 Exit status: 0 done; 1 an error (the message says which file, field or call); 3 ``pools sync`` found
 tasks waiting for a pool that does not exist (and did not fail them).
@@ -28,20 +29,25 @@ ENV_USERNAME = "GPU_PROVIDER_API_USERNAME"
 ENV_PASSWORD = "GPU_PROVIDER_API_PASSWORD"
 
 
-def _quota_file_arg(parser: argparse.ArgumentParser) -> None:
+def _quota_file_arg(parser: argparse.ArgumentParser, positional: bool = False) -> None:
     parser.add_argument(
         "--quota-file",
         metavar="PATH",
         help="the team quota file (default: [gpu_provider] quota_file)",
     )
+    if positional:  # `gpu-provider quotas validate FILE`, as people type it
+        parser.add_argument("file", nargs="?", metavar="FILE", help="the team quota file (same as --quota-file)")
 
 
 def _quotas(args: argparse.Namespace) -> Any:
     from gpu_provider.quotas.file import configured_quota_file, load_quotas
 
-    path = args.quota_file or configured_quota_file()
+    given = getattr(args, "file", None)
+    if given and args.quota_file and given != args.quota_file:
+        raise ValueError(f"two quota files given: {given} and --quota-file {args.quota_file}; give one")
+    path = given or args.quota_file or configured_quota_file()
     if not path:
-        raise ValueError("no quota file: pass --quota-file or set [gpu_provider] quota_file")
+        raise ValueError("no quota file: pass FILE (or --quota-file) or set [gpu_provider] quota_file")
     return load_quotas(path)
 
 
@@ -135,10 +141,10 @@ def run_quotas_render(args: argparse.Namespace) -> int:
 def _add_quotas(sub: Any) -> None:
     quotas = sub.add_parser("quotas", help="the team quota file").add_subparsers(dest="action", required=True)
     validate = quotas.add_parser("validate", help="read the quota file, check every rule and list the teams")
-    _quota_file_arg(validate)
+    _quota_file_arg(validate, positional=True)
     validate.set_defaults(func=run_quotas_validate)
     rend = quotas.add_parser("render", help="print the quota file as a service's own quota objects")
-    _quota_file_arg(rend)
+    _quota_file_arg(rend, positional=True)
     target = rend.add_mutually_exclusive_group(required=True)
     target.add_argument(
         "--batch",
@@ -182,11 +188,34 @@ def _add_check(sub: Any) -> None:
     check.add_argument("rest", nargs=argparse.REMAINDER)  # main() hands everything after "check" to it
 
 
+def run_emulator(rest: Sequence[str]) -> int:
+    try:
+        from gpu_provider.testing.emulators.serve import main as emulator_main
+    except ImportError as err:  # moto or the kubernetes client missing
+        print(
+            f"gpu-provider: error: the emulators need the testing extra ({err}): "
+            "pip install 'airflow-provider-gpu[testing]'",
+            file=sys.stderr,
+        )
+        return 1
+    return emulator_main(rest, prog="gpu-provider emulator")
+
+
+def _add_emulator(sub: Any) -> None:
+    emulator = sub.add_parser(
+        "emulator",
+        add_help=False,  # its own options pass through: see gpu-provider emulator -h
+        help="start a local emulator (batch, sagemaker, kubernetes, ec2) and print the settings to paste",
+    )
+    emulator.add_argument("rest", nargs=argparse.REMAINDER)
+
+
 #: (name, adds its parser to the subcommands): one line per command group
 COMMANDS: list[tuple[str, Callable[[Any], None]]] = [
     ("pools", _add_pools),
     ("quotas", _add_quotas),
     ("check", _add_check),
+    ("emulator", _add_emulator),
 ]
 
 
@@ -202,16 +231,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["check"]:  # the checker parses its own options (argparse would take its --help)
         return run_check(given[1:])
+    if given[:1] == ["emulator"]:
+        return run_emulator(given[1:])
     args = build_parser().parse_args(given)
     try:
         return int(args.func(args))
-    except Exception as err:  # one line for the person at the terminal; no traceback for a bad file
-        from gpu_provider.spend.reaper import AirflowApiError
-
-        if not isinstance(err, (ValueError, OSError, AirflowApiError)):
+    except KeyboardInterrupt:
+        print("gpu-provider: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # one line for the person at the terminal; no traceback for a user's mistake
+        if not _users_mistake(err):
             raise
         print(f"gpu-provider: error: {err}", file=sys.stderr)
         return 1
+
+
+def _users_mistake(err: Exception) -> bool:
+    """A bad file, value or connection, or a server that cannot be reached: said in one line. Anything else
+    is a bug of ours and keeps its traceback."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from gpu_provider.spend.reaper import AirflowApiError
+
+    return isinstance(err, (ValueError, OSError, AirflowApiError, AirflowNotFoundException))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -111,6 +111,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     :param env: extra environment variables for the job (templated). The job does not inherit the
         worker's environment; it gets a minimal base (PATH, HOME, locale), this, and the contract.
     :param resources: :class:`~gpu_provider.GpuResources` or a dict of its fields (default 1 GPU, 1 node).
+    :param gpu_resources: the same as ``resources``; the name :meth:`partial` stores it under for a mapped task
+        (Airflow's own ``resources`` field is for CPU and RAM)
     :param capacity: :class:`~gpu_provider.OnDemand` (default), :class:`~gpu_provider.Spot`,
         :class:`~gpu_provider.SpotFallback`, or ``"on_demand"`` | ``"spot"`` | ``"spot_fallback"``.
     :param checkpoint: :class:`~gpu_provider.Checkpoint` or a URI string (its URI is templated);
@@ -164,9 +166,12 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         deferrable: bool | str | None = None,
         poll_interval: float | None = None,
         max_cost_usd: float | None = None,
+        gpu_resources: Any = None,
         **kwargs: Any,
     ) -> None:
-        self.gpu_resources = to_resources(resources)
+        if resources is not None and gpu_resources is not None:
+            raise ValueError("give resources= (or gpu_resources=, its name in a mapped task's partial), not both")
+        self.gpu_resources = to_resources(resources if resources is not None else gpu_resources)
         kwargs.update(team_pool(team, kwargs.get("pool"), self.gpu_resources))
         kwargs.update(priority_weight(priority, kwargs.get("weight_rule")))
         super().__init__(**kwargs)
@@ -215,6 +220,26 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self._log_link: str | None = None
         self._stop = threading.Event()
         self._attempts: AttemptRunner | None = None  # this try's runner: on_kill writes the end of its attempt
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:  # type: ignore[override]
+        """``GpuJobOperator.partial(...).expand(...)``: a mapped task, each map index its own job.
+
+        Airflow's scheduler reads a mapped task's ``pool``, ``pool_slots`` and ``priority_weight`` from
+        ``partial()``, before any ``__init__`` runs: ``team=``, ``resources=`` and ``priority=`` set them
+        here as ``__init__`` does for an unmapped task, so each map index holds its own GPUs of the team's
+        pool. Give ``team``, ``resources`` and ``priority`` to ``partial()``: expanded, they do not change
+        the pool slots the scheduler reserves.
+        """
+        # Airflow's serialisation reads a partial's `resources` as BaseOperator's own (CPU/RAM Resources):
+        # ours travel as gpu_resources
+        if "resources" in kwargs:
+            kwargs["gpu_resources"] = to_resources(kwargs.pop("resources"))
+        if kwargs.get("team") is not None:
+            resources = to_resources(kwargs.get("gpu_resources"))
+            kwargs.update(team_pool(kwargs["team"], kwargs.get("pool"), resources))
+        kwargs.update(priority_weight(kwargs.get("priority"), kwargs.get("weight_rule")))
+        return super().partial(**kwargs)
 
     # ------------------------------------------------------------------ parse & render checks
     def _plan(self, context: Context) -> _Plan:
@@ -393,7 +418,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 runner.collect(None if retried else step.record)
                 raise runner.explain(step)
             if isinstance(step, Succeed):
-                return runner.succeed(step.record, plan.checkpoint_uri)
+                result = runner.succeed(step.record, plan.checkpoint_uri)
+                self._describe_outlets(context, result)
+                return result
             if isinstance(step, Submit):
                 if engine.note:
                     self.log.warning("%s", engine.note)
@@ -467,6 +494,18 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 capacity,
             )
         return self._run(context, plan, runner, step, deadline)
+
+    def _describe_outlets(self, context: Context, result: dict[str, Any]) -> None:
+        """Put the job's declared output in the extra of each asset event this task emits (its ``outlets``),
+        so a DAG scheduled on the asset finds the new data: ``{"output_uri": ...}``."""
+        from airflow.sdk import Asset
+
+        events = context.get("outlet_events")
+        if not result.get("output_uri") or events is None:
+            return
+        for outlet in self.outlets:
+            if isinstance(outlet, Asset):
+                events[outlet].extra["output_uri"] = str(result["output_uri"])
 
     def _defer(self, plan: _Plan, runner: AttemptRunner, record: AttemptRecord, deadline: float | None) -> NoReturn:
         from gpu_provider.triggers.gpu_job import GpuJobTrigger

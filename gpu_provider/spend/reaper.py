@@ -105,9 +105,9 @@ class AirflowApi:
     def from_connection(cls, conn_id: str) -> AirflowApi:
         """From an Airflow connection: host (with scheme, or ``schema`` as the scheme), port, login,
         password, or ``extra={"token": "..."}``."""
-        from airflow.sdk import BaseHook
+        from gpu_provider.connections import get_connection
 
-        conn = BaseHook.get_connection(conn_id)
+        conn = get_connection(conn_id)
         host = str(conn.host or "").strip()
         if not host:
             raise ValueError(f"Airflow connection {conn_id!r} has no host: set it to the Airflow API server's URL")

@@ -395,13 +395,26 @@ def _output_words(run: _Run) -> str:
 # --- the DAG checks ------------------------------------------------------------------------------
 
 
-def check_dag(dag_file: str | Path) -> CheckReport:
+def check_dag(dag_file: str | Path, dag_id: str | None = None) -> CheckReport:
     """Check the checkpoint URIs of a DAG file's ``GpuJobOperator`` tasks: each renders differently for two
-    runs, and no two tasks share one. Imports the DAG file (Airflow needed), renders in this process."""
+    runs and renders for a run without a logical date (a manual run triggered with none, an asset-triggered
+    run), and no two tasks share one. The file's DAGs are found as Airflow finds them (every DAG in it, or
+    ``dag_id``). Imports the DAG file (Airflow needed), renders in this process."""
+    from gpu_provider.testing.dagrun import _load_dag, load_dags
+
+    report = CheckReport()
+    dags = [_load_dag(str(dag_file), dag_id)] if dag_id else list(load_dags(dag_file).values())
+    if not dags:
+        raise SystemExit(f"{dag_file}: Airflow finds no DAG in it")
+    for dag in dags:
+        report.findings += _check_one_dag(dag, prefix=f"{dag.dag_id}." if len(dags) > 1 else "").findings
+    return report
+
+
+def _check_one_dag(dag: Any, prefix: str) -> CheckReport:
     from gpu_provider.operators import GpuJobOperator
 
     report = CheckReport()
-    dag = _load_dag(Path(dag_file))
     rendered: dict[str, tuple[str, str]] = {}
     for task in dag.tasks:
         if not isinstance(task, GpuJobOperator):
@@ -412,10 +425,26 @@ def check_dag(dag_file: str | Path) -> CheckReport:
             uris = tuple(_render(task, run_id) for run_id in _RUN_IDS)
         except Exception as err:
             report.findings.append(
-                Finding("unique_uri", None, f"could not render {task.checkpoint_uri!r} here: {err}", task.task_id)
+                Finding(
+                    "unique_uri", None, f"could not render {task.checkpoint_uri!r} here: {err}", prefix + task.task_id
+                )
             )
             continue
         rendered[task.task_id] = (uris[0], uris[1])
+        try:
+            _render(task, _NO_LOGICAL_DATE_RUN_ID, logical_date=False)
+        except Exception as err:
+            report.findings.append(
+                Finding(
+                    "unique_uri",
+                    False,
+                    f"{task.checkpoint_uri!r} renders only for runs with a logical date ({err}): a manual run "
+                    "triggered without one (the UI, the REST API with logical_date null) and every asset-triggered "
+                    "run would fail. Use what every run has, e.g. '.../{{ run_id | path_segment }}'",
+                    prefix + task.task_id,
+                )
+            )
+            continue
         if uris[0] == uris[1]:
             report.findings.append(
                 Finding(
@@ -424,11 +453,11 @@ def check_dag(dag_file: str | Path) -> CheckReport:
                     f"{task.checkpoint_uri!r} renders to {uris[0]} for every run: a re-run, a backfill or the next "
                     "scheduled run would resume from this run's checkpoints. Put the run in it, e.g. "
                     "'.../{{ run_id | path_segment }}'",
-                    task.task_id,
+                    prefix + task.task_id,
                 )
             )
         else:
-            report.findings.append(Finding("unique_uri", True, f"e.g. {uris[0]}", task.task_id))
+            report.findings.append(Finding("unique_uri", True, f"e.g. {uris[0]}", prefix + task.task_id))
     shared: dict[str, list[str]] = {}
     for task_id, (uri, _) in rendered.items():
         shared.setdefault(uri, []).append(task_id)
@@ -469,17 +498,16 @@ def check_dag_run(run: Any) -> CheckReport:
 
 
 _RUN_IDS = ("manual__2026-01-05T00:00:00+00:00", "scheduled__2026-01-06T00:00:00+00:00")
+#: a run without a logical date or data interval (the context has none of the keys that depend on them)
+_NO_LOGICAL_DATE_RUN_ID = "asset_triggered__2026-01-07T00:00:00+00:00"
 
 
-def _load_dag(path: Path) -> Any:
-    from gpu_provider.testing.dagrun import _load_dag as load
-
-    return load(str(path), "")
-
-
-def _render(task: Any, run_id: str) -> str:
-    """The task's checkpoint URI rendered for a run ``run_id`` with the DAG's template environment."""
+def _render(task: Any, run_id: str, *, logical_date: bool = True) -> str:
+    """The task's checkpoint URI rendered for a run ``run_id`` with the DAG's template environment (for a run
+    without a logical date: a context without ``logical_date``, ``ds``, ``data_interval_*``..., as Airflow's)."""
     from datetime import datetime
+
+    from airflow.sdk.execution_time import macros
 
     from gpu_provider.templates import TEMPLATE_FILTERS
 
@@ -487,21 +515,27 @@ def _render(task: Any, run_id: str) -> str:
     env = task.get_template_env()
     for name, function in TEMPLATE_FILTERS.items():
         env.filters.setdefault(name, function)
-    context = {
+    context: dict[str, Any] = {
         "run_id": run_id,
         "dag": task.dag,
         "task": task,
         "params": dict(task.params or {}),
-        "logical_date": when,
-        "data_interval_start": when,
-        "data_interval_end": when,
-        "ds": when.strftime("%Y-%m-%d"),
-        "ds_nodash": when.strftime("%Y%m%d"),
-        "ts": when.isoformat(),
-        "ts_nodash": when.strftime("%Y%m%dT%H%M%S"),
-        "dag_run": _FakeDagRun(run_id, when),
+        "dag_run": _FakeDagRun(run_id, when if logical_date else None, when),
         "ti": _FakeTi(task, run_id),
+        "macros": macros,
     }
+    if logical_date:
+        context.update(
+            {
+                "logical_date": when,
+                "data_interval_start": when,
+                "data_interval_end": when,
+                "ds": when.strftime("%Y-%m-%d"),
+                "ds_nodash": when.strftime("%Y%m%d"),
+                "ts": when.isoformat(),
+                "ts_nodash": when.strftime("%Y%m%dT%H%M%S"),
+            }
+        )
     return str(env.from_string(task.checkpoint_uri).render(**context))
 
 
@@ -509,6 +543,7 @@ def _render(task: Any, run_id: str) -> str:
 class _FakeDagRun:
     run_id: str
     logical_date: Any
+    run_after: Any
     conf: dict[str, Any] = field(default_factory=dict)
 
 
@@ -516,13 +551,21 @@ class _FakeDagRun:
 class _FakeTi:
     task: Any
     run_id: str
+    map_index: int = 0
 
     @property
     def task_id(self) -> str:
         return str(self.task.task_id)
 
     def xcom_pull(self, *args: Any, **kwargs: Any) -> Any:
-        return {"output_uri": "file:///upstream-output"}
+        return _AnyKey(output_uri="file:///upstream-output")
+
+
+class _AnyKey(dict[str, Any]):
+    """An upstream XCom standing in for any: every key reads as a path."""
+
+    def __missing__(self, key: str) -> str:
+        return f"file:///upstream-{key}"
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -535,6 +578,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m gpu_provider.
         "and a DAG file's checkpoint URIs.",
     )
     parser.add_argument("--dag", help="a DAG file: check its GpuJobOperator tasks' checkpoint URIs")
+    parser.add_argument("--dag-id", help="with --dag: check only this DAG of the file (default: every DAG in it)")
     parser.add_argument("--interrupt-after", type=float, default=3.0, help="seconds in (default 3)")
     parser.add_argument("--grace-period", type=float, default=5.0, help="SIGTERM to SIGKILL (default 5)")
     parser.add_argument("--timeout", type=float, default=120.0, help="the longest one run may take (default 120)")
@@ -549,7 +593,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m gpu_provider.
         parser.error("give a program to check (after --) and/or --dag FILE")
     report = CheckReport()
     if args.dag:
-        report.findings += check_dag(args.dag).findings
+        report.findings += check_dag(args.dag, args.dag_id).findings
     if program:
         checked = check_program(
             program, interrupt_after=args.interrupt_after, grace_period=args.grace_period, timeout=args.timeout

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 from gpu_provider.testing import warm
 
+#: the child's LOGICAL_DATE argument for a run without a logical date
+NO_LOGICAL_DATE = "none"
 #: a checkpoint folder's name: ``ckpt-<step, zero-padded to 10>``
 _CKPT_STEP = re.compile(r"ckpt-(\d+)/?$")
 
@@ -187,11 +189,15 @@ class DagRunner:
         dag_file: str | os.PathLike[str],
         dag_id: str | None = None,
         *,
-        logical_date: str = "2026-01-05T00:00:00+00:00",
+        logical_date: str | None = "2026-01-05T00:00:00+00:00",
         conf: Mapping[str, Any] | None = None,
         extra_env: Mapping[str, str] | None = None,
     ) -> tuple[ChildProcess, Path, Path]:
-        """Start a child that runs ``dag_id`` (default: the file's only DAG) of ``dag_file``."""
+        """Start a child that runs ``dag_id`` (default: the file's only DAG) of ``dag_file``.
+
+        :param logical_date: ISO 8601; ``None``: a run without a logical date and data interval, as the UI
+            and the REST API make with ``logical_date: null`` (its run id from the time it starts)
+        """
         dag_file = Path(dag_file).resolve()
         if not dag_file.is_file():
             raise FileNotFoundError(f"dag_file={str(dag_file)!r} is not a file")
@@ -199,7 +205,8 @@ class DagRunner:
         out = self.tmp / f"{name}-{time.monotonic_ns()}.json"
         log = out.with_suffix(".log")
         self.tmp.mkdir(parents=True, exist_ok=True)
-        run_args = [str(dag_file), dag_id or "", logical_date, json.dumps(dict(conf or {})), str(out)]
+        when = NO_LOGICAL_DATE if logical_date is None else logical_date
+        run_args = [str(dag_file), dag_id or "", when, json.dumps(dict(conf or {})), str(out)]
         env = self.child_env(dag_file, extra_env)
         log.write_text("")  # exists at once: a test may read it before the run has written anything
         server = warm.WarmServer.for_env(env) if self.warm and warm.enabled(env) else None
@@ -337,23 +344,33 @@ def pid_alive(pid: int) -> bool:
 # --- the child ---------------------------------------------------------------------------------
 
 
+def load_dags(dag_file: str | os.PathLike[str]) -> dict[str, Any]:
+    """The DAGs of one file by id, found as Airflow's DAG processor finds them (its ``DagBag`` on that file):
+    ``with DAG(...):`` with or without ``as``, ``@dag`` functions called in the file, several DAGs per file.
+
+    :raises SystemExit: the file does not import (Airflow's import error, in one message)
+    """
+    from airflow.dag_processing.dagbag import DagBag
+
+    path = Path(dag_file)
+    if not path.is_file():
+        raise SystemExit(f"{dag_file}: no such file")
+    bag = DagBag(dag_folder=str(path), safe_mode=False)
+    if bag.import_errors:
+        error = next(iter(bag.import_errors.values())).strip()
+        raise SystemExit(f"{dag_file}: Airflow could not import it: {error.splitlines()[-1] if error else error}")
+    return dict(bag.dags)
+
+
 def _load_dag(dag_file: str, dag_id: str) -> Any:
-    import importlib.util
-
-    from airflow.sdk import DAG
-
-    spec = importlib.util.spec_from_file_location(Path(dag_file).stem, dag_file)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot import {dag_file}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    dags = [v for v in vars(module).values() if isinstance(v, DAG)]
+    dags = load_dags(dag_file)
     if dag_id:
-        dags = [d for d in dags if d.dag_id == dag_id]
+        if dag_id not in dags:
+            raise SystemExit(f"{dag_file}: no DAG {dag_id!r}; its DAGs: {sorted(dags)}")
+        return dags[dag_id]
     if len(dags) != 1:
-        found = sorted(d.dag_id for d in dags)
-        raise SystemExit(f"{dag_file}: expected one DAG{f' {dag_id!r}' if dag_id else ''}, found {found}")
-    return dags[0]
+        raise SystemExit(f"{dag_file}: expected one DAG, found {sorted(dags)}: name one with dag_id")
+    return next(iter(dags.values()))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -366,11 +383,20 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     for pool in {task.pool for task in dag.tasks} - {Pool.DEFAULT_POOL_NAME}:  # team pools (gpu_<team>)
         Pool.create_or_update_pool(pool, slots=16, description="tests", include_deferred=True)
-    when = pendulum.parse(logical_date)
-    # a fixed run_after gives a fixed run id, so running the same DAG again re-runs the same task instance
-    dr = dag.test(logical_date=when, run_after=when, run_conf=json.loads(conf))
+    if logical_date == NO_LOGICAL_DATE:  # as the UI and the REST API trigger with logical_date null
+        dr = dag.test(logical_date=None, run_after=pendulum.now("UTC"), run_conf=json.loads(conf))
+    else:
+        when = pendulum.parse(logical_date)
+        # a fixed run_after gives a fixed run id, so running the same DAG again re-runs the same task instance
+        dr = dag.test(logical_date=when, run_after=when, run_conf=json.loads(conf))
     tasks: dict[str, Any] = {}
-    result: dict[str, Any] = {"state": str(dr.state), "run_id": dr.run_id, "dag_id": dag.dag_id, "tasks": tasks}
+    result: dict[str, Any] = {
+        "state": str(dr.state),
+        "run_id": dr.run_id,
+        "dag_id": dag.dag_id,
+        "logical_date": dr.logical_date.isoformat() if dr.logical_date else None,
+        "tasks": tasks,
+    }
     with create_session() as session:
         for ti in dr.get_task_instances(session=session):
             row = (

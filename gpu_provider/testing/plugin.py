@@ -259,6 +259,8 @@ def gpu_dag_runner(gpu_airflow_home: Path, gpu_local: LocalWorld, tmp_path: Path
 
 
 RunGpuDag = Callable[..., "DagRun"]
+#: run_gpu_dag's default logical date: the time of the call
+_NOW = "now"
 
 
 @pytest.fixture
@@ -270,7 +272,8 @@ def run_gpu_dag(gpu_dag_runner: DagRunner, gpu_local: LocalWorld) -> RunGpuDag:
         30 s after it starts; ``[30, 5]`` also attempt 2 after 5 s
     :param env: more environment for the run (e.g. the DAG's own settings)
     :param logical_date: ISO 8601; default: now, so each run has its own run id (the same date twice re-runs
-        the same task instances, as clearing them would)
+        the same task instances, as clearing them would); ``None``: a run without a logical date or data
+        interval, as the UI and the REST API trigger with ``logical_date: null``
     """
 
     def run(
@@ -280,11 +283,11 @@ def run_gpu_dag(gpu_dag_runner: DagRunner, gpu_local: LocalWorld) -> RunGpuDag:
         conf: Mapping[str, Any] | None = None,
         interrupt: Mapping[str, Sequence[float]] | None = None,
         env: Mapping[str, str] | None = None,
-        logical_date: str | None = None,
+        logical_date: str | None = _NOW,
         timeout: float = 300,
     ) -> DagRun:
         # a new run id for every run (unless asked): two runs never share a task instance or run-scoped paths
-        when = logical_date or datetime.now(timezone.utc).isoformat(timespec="microseconds")
+        when = datetime.now(timezone.utc).isoformat(timespec="microseconds") if logical_date == _NOW else logical_date
         with gpu_local.interrupt(dict(interrupt or {})):
             return gpu_dag_runner.run(dag_file, dag_id, conf=conf, extra_env=env, logical_date=when, timeout=timeout)
 

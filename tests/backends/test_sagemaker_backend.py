@@ -332,3 +332,19 @@ def test_a_sagemaker_task_is_validated_at_parse_time_without_importing_boto3() -
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "refused: resources.gpus=2 with gpu_type='h100'" in out and "ml.p5.48xlarge" in out, out
     assert json.loads(out.strip().splitlines()[-1]) == []
+
+
+def test_a_stop_reason_keeps_its_punctuation_through_the_tag() -> None:
+    """SageMaker tag values allow letters, digits, spaces and ``_.:/=+-@``: the reason is encoded reversibly,
+    so the status (and the task's XCom) reads it back exactly, not 'the job 1 time s  inside ...'."""
+    from gpu_provider.backends.sagemaker.backend import _TAG_UNSAFE, decode_tag_text, encode_tag_text
+
+    reason = "the service restarted the job 1 time(s) inside this attempt; stopped (see ops@example.com), 100% ok"
+    value = encode_tag_text(names.CANCEL_PREFIX + reason)
+    assert _TAG_UNSAFE.search(value) is None and len(value) <= 256
+    backend = SageMakerBackend(**OPTIONS, region_name="us-east-1")
+    handle = JobHandle("sagemaker", "gp-x-t1-a1", "gp-x-t1-a1", 1, "spot", 0.0, {"gpus": 1})
+    status = backend.status_of(_job("Stopped", "Stopped"), handle, {"gpu-provider/stop-reason": value})
+    assert status.reason == reason
+    long = encode_tag_text(";" * 300)
+    assert len(long) <= 256 and decode_tag_text(long) == ";" * (len(long) // 3)

@@ -104,3 +104,44 @@ def test_the_pool_quota_file_of_the_stack_is_valid() -> None:
     from gpu_provider.quotas.file import load_quotas
 
     assert load_quotas(DOCKER / "gpu_quotas.yaml").names == ["research", "vision"]
+
+
+AIRFLOW_SERVICES = ("airflow-init", "api-server", "scheduler", "dag-processor", "triggerer", "airflow-worker")
+
+
+def _mounts(service: dict[str, object]) -> dict[str, str]:
+    """target path -> source (a named volume or a host path) of a service's volumes (short syntax)."""
+    out = {}
+    for volume in service.get("volumes") or []:  # type: ignore[attr-defined]
+        source, target = str(volume).split(":")[:2]
+        out[target] = source
+    return out
+
+
+def test_batch_jobs_in_the_emulator_share_the_data_and_checkpoints_with_airflow() -> None:
+    """The emulator runs Batch jobs in its own container: the example's file:// data root (checkpoints are
+    under it) must be one volume at one path in the emulator and in every Airflow container, owned by the
+    same user; and the example's Batch stages need GPU_PIPELINE_IMAGE. Read from the YAML (no daemon)."""
+    from urllib.parse import urlsplit
+
+    compose = yaml.safe_load((DOCKER / "docker-compose.yaml").read_text())
+    services = compose["services"]
+    data_root = services["scheduler"]["environment"]["GPU_PIPELINE_DATA_ROOT"]
+    path = urlsplit(data_root).path
+    assert data_root.startswith("file:///") and path
+    emulator = _mounts(services["aws-emulator"])
+    assert path in emulator, f"the emulator does not mount {path}: {emulator}"
+    volume = emulator[path]
+    assert volume in compose["volumes"], f"{volume} is not a named volume"
+    for name in AIRFLOW_SERVICES:
+        env = services[name]["environment"]
+        assert env["GPU_PIPELINE_DATA_ROOT"] == data_root, name
+        assert env.get("GPU_PIPELINE_IMAGE"), f"{name}: the example's Batch stages need GPU_PIPELINE_IMAGE"
+        assert _mounts(services[name]).get(path) == volume, f"{name} does not mount {volume} at {path}"
+        assert services[name]["user"] == services["aws-emulator"]["user"], name
+    # a new named volume takes the owner of the image's folder it is mounted on: both images make it
+    # the Airflow user's
+    airflow_image = (DOCKER / "airflow" / "Dockerfile").read_text()
+    assert path in airflow_image
+    emulator_image = (DOCKER / "aws-emulator" / "Dockerfile").read_text()
+    assert f"chown 50000:0 {path}" in emulator_image and services["aws-emulator"]["user"] == "50000:0"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,7 +27,10 @@ from typing import Any
 import pytest
 
 from tests.batch_world import BatchWorld, connection_env
-from tests.harness import pid_alive, wait_for
+from tests.harness import REPO, pid_alive, wait_for
+
+#: the example pipeline's schedule, replaced in the copy the standalone Airflow loads
+PIPELINE_SCHEDULE = 'schedule=CronDataIntervalTimetable("0 0 * * 1", timezone="UTC")'
 
 #: the reaper DAGs' grace period (seconds): a job younger than this is never stopped
 REAP_GRACE_S = 25.0
@@ -114,6 +118,16 @@ with DAG(dag_id="fan_out", schedule=None, catchup=False) as fan_out:
     GpuJobOperator.partial(
         task_id="job", backend=LocalBackend(state_dir=STATE), deferrable=True, poll_interval=0.5
     ).expand(command=[job(10) + [f"fan{{i}}"] for i in range(4)])
+
+with DAG(dag_id="fan_out_batch", schedule=None, catchup=False) as fan_out_batch:
+    # a sweep on a remote backend (the Batch emulator): each map index its own Batch job
+    GpuJobOperator.partial(
+        task_id="job",
+        backend=BatchBackend(spot_queue={spot_queue!r}, on_demand_queue={on_demand_queue!r}),
+        image="trainer:1",
+        deferrable=True,
+        poll_interval=0.5,
+    ).expand(command=[job(10) + [f"bfan{{i}}"] for i in range(3)])
 """
 
 
@@ -152,7 +166,7 @@ class Airflow:
     def cli(self, *args: str) -> None:
         subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env, check=True, capture_output=True)
 
-    def trigger(self, dag_id: str, run_id: str) -> None:
+    def trigger(self, dag_id: str, run_id: str, conf: dict[str, Any] | None = None) -> None:
         deadline = time.monotonic() + 90
         while True:  # the DAG processor needs a moment to find a new file
             try:
@@ -164,7 +178,8 @@ class Airflow:
                 time.sleep(0.5)
         errors_before = len(self.server_errors)
         try:
-            self.api("POST", f"/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None})
+            body = {"dag_run_id": run_id, "logical_date": None, **({"conf": conf} if conf else {})}
+            self.api("POST", f"/dags/{dag_id}/dagRuns", body)
         except urllib.error.HTTPError as err:
             # a retried POST whose first try was committed before the 500 finds its own run: that is done
             if err.code != 409 or len(self.server_errors) == errors_before:
@@ -218,6 +233,11 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld
         on_demand_queue=batch_emulator.setup.on_demand_queue,
     )
     (dags / "real_airflow_dags.py").write_text(textwrap.dedent(source))
+    # the shipped example pipeline (unscheduled here: unpausing it starts no run of its own) and the DAG
+    # scheduled on the asset its preprocess task publishes
+    pipeline = (REPO / "dags" / "gpu_ml_pipeline.py").read_text()
+    (dags / "gpu_ml_pipeline.py").write_text(pipeline.replace(PIPELINE_SCHEDULE, "schedule=None"))
+    shutil.copy(REPO / "dags" / "gpu_retrain_on_new_data.py", dags)
     port, worker_log_port, trigger_log_port = _free_ports(3)
     env = dict(os.environ)
     env.update(connection_env(batch_emulator.emulator))  # the Batch DAG's jobs go to the emulator
@@ -243,6 +263,9 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld
             # the reaper asks this API server (no auth: every user is an admin here)
             "AIRFLOW_CONN_AIRFLOW_API": json.dumps({"conn_type": "http", "host": f"http://127.0.0.1:{port}"}),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            # the example pipeline's data, and its local jobs in the state folder the teardown cleans
+            "GPU_PIPELINE_DATA_ROOT": (root / "pipeline_data").as_uri(),
+            "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(state),
         }
     )
     log = (root / "standalone.log").open("w")
@@ -318,6 +341,22 @@ def test_deferred_tasks_succeed_through_the_real_triggerer(airflow: Airflow) -> 
     assert sorted(p.name for p in airflow.pids.glob("1-fan*.pid")) == [f"1-fan{i}.pid" for i in range(4)]
 
 
+def test_a_mapped_task_on_batch_runs_each_map_index_as_its_own_job(airflow: Airflow, batch: BatchWorld) -> None:
+    airflow.trigger("fan_out_batch", "run1")
+
+    def all_done() -> bool:
+        tis = airflow.api("GET", "/dags/fan_out_batch/dagRuns/run1/taskInstances")["task_instances"]
+        return len(tis) == 3 and all(ti["state"] in ("success", "failed") for ti in tis)
+
+    wait_for(all_done, 240, "the mapped Batch tasks to finish")
+    tis = airflow.api("GET", "/dags/fan_out_batch/dagRuns/run1/taskInstances")["task_instances"]
+    assert sorted(ti["state"] for ti in tis) == ["success"] * 3
+    submits = [b for b in batch.bodies("SubmitJob") if b["jobName"].startswith("gp-fan-out-batch-job-")]
+    assert len({b["jobName"] for b in submits}) == len(submits) == 3, [b["jobName"] for b in submits]
+    assert sorted(b["tags"]["gpu-provider/map-index"] for b in submits) == ["0", "1", "2"]
+    assert sorted(p.name for p in airflow.pids.glob("1-bfan*.pid")) == [f"1-bfan{i}.pid" for i in range(3)]
+
+
 def test_marking_a_deferred_batch_task_failed_terminates_its_job(airflow: Airflow, batch: BatchWorld) -> None:
     """The real triggerer reads the AWS connection from a thread, polls Batch, and on kill terminates."""
     dag_id = "kill_batch_deferred"
@@ -345,6 +384,45 @@ def test_marking_a_deferred_batch_task_failed_terminates_its_job(airflow: Airflo
     )
     assert submit["jobName"].startswith("gp-kill-batch-def-job-")
     wait_for(lambda: not pid_alive(pid), 20, "the job process to stop")
+
+
+def test_a_run_without_a_logical_date_publishes_data_and_an_asset_triggered_run_retrains(airflow: Airflow) -> None:
+    """Through the REST API as the UI does: the example pipeline triggered with ``logical_date: null``
+    succeeds, its preprocess task's asset event makes the scheduler create an asset-triggered run of
+    gpu_retrain_on_new_data (no logical date either), which retrains on that very dataset."""
+    assert PIPELINE_SCHEDULE in (REPO / "dags" / "gpu_ml_pipeline.py").read_text()
+    airflow.api("POST", "/pools", {"name": "gpu_research", "slots": 8, "include_deferred": True})
+    retrain_runs = "/dags/gpu_retrain_on_new_data/dagRuns"
+    wait_for(lambda: _unpaused(airflow, "gpu_retrain_on_new_data"), 90, "the retraining DAG to be parsed")
+    airflow.trigger("gpu_ml_pipeline", "nodate", conf={"epochs": 2, "step_delay": 0.0})
+    run = "/dags/gpu_ml_pipeline/dagRuns/nodate"
+    wait_for(lambda: airflow.api("GET", run)["state"] in ("success", "failed"), 420, "the pipeline run to end")
+    found = airflow.api("GET", run)
+    states = {t["task_id"]: t["state"] for t in airflow.api("GET", f"{run}/taskInstances")["task_instances"]}
+    assert found["state"] == "success" and found["logical_date"] is None, (found, states)
+    dataset = airflow.api("GET", f"{run}/taskInstances/preprocess/xcomEntries/return_value")["value"]
+    dataset = json.loads(dataset) if isinstance(dataset, str) else dataset
+
+    def retrain_ended() -> Any:
+        runs = airflow.api("GET", retrain_runs)["dag_runs"]
+        return [r for r in runs if r["state"] in ("success", "failed")]
+
+    (retrain,) = wait_for(retrain_ended, 300, "the asset-triggered retraining run to end")
+    assert retrain["run_type"] == "asset_triggered" and retrain["logical_date"] is None, retrain
+    assert retrain["state"] == "success", retrain
+    picked = airflow.api(
+        "GET", f"{retrain_runs}/{retrain['dag_run_id']}/taskInstances/pick_dataset/xcomEntries/return_value"
+    )
+    picked = json.loads(picked["value"]) if isinstance(picked["value"], str) else picked["value"]
+    assert picked["dataset"] == dataset["output_uri"]
+
+
+def _unpaused(af: Airflow, dag_id: str) -> bool:
+    try:
+        af.api("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+    except urllib.error.HTTPError:
+        return False
+    return True
 
 
 # --- the reaper ---------------------------------------------------------------------------------

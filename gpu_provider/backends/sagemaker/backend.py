@@ -134,6 +134,30 @@ def tag_value(text: str) -> str:
     return _TAG_UNSAFE.sub(" ", text)[:MAX_TAG_VALUE_CHARS]
 
 
+#: what a tag value keeps as it is; anything else (``@`` included) is escaped as ``@XX`` per UTF-8 byte
+_TAG_PLAIN = re.compile(r"[^\W]|[ .:/=+\-]", re.UNICODE)
+_TAG_ESCAPES = re.compile(r"(?:@[0-9A-F]{2})+")
+
+
+def encode_tag_text(text: str) -> str:
+    """``text`` as a tag value SageMaker accepts, reversibly (:func:`decode_tag_text`): punctuation SageMaker
+    refuses becomes ``@XX`` per UTF-8 byte (``,`` -> ``@2C``), cut at a whole character within 256."""
+    out: list[str] = []
+    size = 0
+    for char in text:
+        piece = char if _TAG_PLAIN.fullmatch(char) else "".join(f"@{b:02X}" for b in char.encode())
+        if size + len(piece) > MAX_TAG_VALUE_CHARS:
+            break
+        out.append(piece)
+        size += len(piece)
+    return "".join(out)
+
+
+def decode_tag_text(value: str) -> str:
+    """The text :func:`encode_tag_text` encoded (a value written before the encoding reads as it is)."""
+    return _TAG_ESCAPES.sub(lambda m: bytes.fromhex(m.group(0).replace("@", "")).decode("utf-8", "replace"), value)
+
+
 class SageMakerBackend(Backend):
     """Runs each attempt as a SageMaker training job: managed spot for spot attempts, plain for on-demand.
 
@@ -709,7 +733,7 @@ class SageMakerBackend(Backend):
                 limit = (job.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
                 reason = f"{last_message or secondary}: the job ran past max_runtime (MaxRuntimeInSeconds={limit})"
         elif state is JobState.CANCELLED:
-            ours = str(tags.get(TAG_STOP_REASON) or "")
+            ours = decode_tag_text(str(tags.get(TAG_STOP_REASON) or ""))
             ours = ours[len(names.CANCEL_PREFIX) :] if ours.startswith(names.CANCEL_PREFIX) else ours
             if secondary == mapping.MAX_WAIT_EXCEEDED:
                 wait = (job.get("StoppingCondition") or {}).get("MaxWaitTimeInSeconds")
@@ -796,7 +820,7 @@ class SageMakerBackend(Backend):
     def _stop(self, handle: JobHandle, reason: str) -> None:
         client = self._client()
         arn = str(handle.extra.get("job_arn") or "") or self._job_arn(handle)
-        text = tag_value(names.CANCEL_PREFIX + reason)
+        text = encode_tag_text(names.CANCEL_PREFIX + reason)
         call(
             "AddTags",
             lambda: client.add_tags(ResourceArn=arn, Tags=[{"Key": TAG_STOP_REASON, "Value": text}]),

@@ -194,7 +194,9 @@ class KubernetesEmulator(PodRunner):
         start_delay: float = 0.3,
         grace_period: float = 2.0,
         extra_env: dict[str, str] | None = None,
+        port: int = 0,
     ) -> None:
+        self.port = port  # on 127.0.0.1; 0: a free one
         self.job_cwd = str(job_cwd or os.getcwd())
         self.node_delay, self.start_delay, self.grace_period = node_delay, start_delay, grace_period
         self.extra_env = dict(extra_env or {})
@@ -226,7 +228,7 @@ class KubernetesEmulator(PodRunner):
             pass
 
         Handler.emulator = emulator
-        self._server = _Server(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", self.port), Handler)
         for target in (self._server.serve_forever, self._loop):
             thread = threading.Thread(target=target, daemon=True, name=f"k8s-emulator-{target.__name__}")
             thread.start()
