@@ -111,7 +111,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     :param env: extra environment variables for the job (templated). The job does not inherit the
         worker's environment; it gets a minimal base (PATH, HOME, locale), this, and the contract.
     :param resources: :class:`~gpu_provider.GpuResources` or a dict of its fields (default 1 GPU, 1 node).
-    :param gpu_resources: the same as ``resources``; the name :meth:`partial` stores it under for a mapped task
+    :param gpu_resources: the same as ``resources``; the name ``partial()`` stores it under for a mapped task
         (Airflow's own ``resources`` field is for CPU and RAM)
     :param capacity: :class:`~gpu_provider.OnDemand` (default), :class:`~gpu_provider.Spot`,
         :class:`~gpu_provider.SpotFallback`, or ``"on_demand"`` | ``"spot"`` | ``"spot_fallback"``.
