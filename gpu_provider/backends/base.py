@@ -359,8 +359,9 @@ class OwnerRead:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can run, declared once: :meth:`Backend.validate`, the README and the example
-    DAG read it instead of each backend repeating the same checks."""
+    """What a backend can run, declared once: :meth:`Backend.validate`, the docs' capabilities table
+    (docs/how-to/write-a-gpu-task.md) and the example DAG read it instead of each backend repeating the
+    same checks."""
 
     multi_node: bool = True
     multi_node_spot: bool = True
