@@ -265,8 +265,8 @@ _NOW = "now"
 
 @pytest.fixture
 def run_gpu_dag(gpu_dag_runner: DagRunner, gpu_local: LocalWorld) -> RunGpuDag:
-    """``run_gpu_dag(dag_file, dag_id=None, conf=None, interrupt=None, env=None, timeout=300)``: run the DAG
-    with ``dag.test()`` and return what each task did.
+    """``run_gpu_dag(dag_file, dag_id=None, conf=None, interrupt=None, env=None, logical_date=<now>, timeout=300)``:
+    run the DAG with ``dag.test()`` and return what each task did.
 
     :param interrupt: ``{"train": [30]}`` interrupts attempt 1 of task ``train`` (on the local backend)
         30 s after it starts; ``[30, 5]`` also attempt 2 after 5 s
