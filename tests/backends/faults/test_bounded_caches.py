@@ -71,7 +71,8 @@ def test_the_shared_poller_keeps_only_the_jobs_still_watched() -> None:
 
     most = asyncio.run(asyncio.wait_for(scenario(), 300))
     assert most <= LIFETIME + 3, most
-    assert len(ScriptedBackend.polls) >= TICKS
+    # the poller counts a tick when it starts it: the last tick's poll may still be in flight when the loop ends
+    assert len(ScriptedBackend.polls) >= TICKS - 1
 
 
 def test_keep_bounded_forgets_the_oldest() -> None:
