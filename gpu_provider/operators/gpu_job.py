@@ -220,6 +220,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self._log_link: str | None = None
         self._stop = threading.Event()
         self._attempts: AttemptRunner | None = None  # this try's runner: on_kill writes the end of its attempt
+        self._spend: SpendControl | None = None  # this try's spend control: a deferred kill reports with its price
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -371,7 +372,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     def _runner(
         self, context: Context, plan: _Plan, records: list[AttemptRecord], summary: AttemptSummary | None = None
     ) -> AttemptRunner:
-        spend = SpendControl.from_config(
+        spend = self._spend = SpendControl.from_config(
             plan.backend,
             self.gpu_resources,
             self.capacity,
@@ -526,6 +527,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 restart_limit=runner.restart_limit(record),
                 cost_limit=runner.cost_limit(record),
                 try_number=plan.try_number,
+                spend=self._spend.kill_report(record) if self._spend is not None else None,
             ),
             method_name="execute_complete",
             kwargs={"records": dump_records(runner.engine.records, runner.engine.summary), "deadline": deadline},

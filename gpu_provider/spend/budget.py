@@ -130,6 +130,21 @@ class SpendLedger:
         Variable.set(self.key, json.dumps(data, sort_keys=True))
 
 
+def configured_budgets() -> dict[str, float]:
+    """The teams' monthly budgets: the quota file's ``monthly_budget_usd``, with ``[gpu_provider]
+    team_monthly_budget_usd`` taking precedence per team."""
+    from gpu_provider.backends.base import provider_config
+    from gpu_provider.quotas.file import configured_quotas
+
+    quotas = configured_quotas()
+    return {**(quotas.budgets() if quotas else {}), **parse_team_budgets(provider_config("team_monthly_budget_usd"))}
+
+
+def configured_ledger() -> SpendLedger | None:
+    """The month's ledger where team budgets are configured (else nothing keeps a month's spend)."""
+    return SpendLedger() if configured_budgets() else None
+
+
 class SpendControl:
     """Prices one task's attempts and guards its budgets (see the module docstring).
 
@@ -179,14 +194,8 @@ class SpendControl:
     ) -> SpendControl:
         from gpu_provider.backends.base import provider_config
         from gpu_provider.job import to_bool
-        from gpu_provider.quotas.file import configured_quotas
 
-        quotas = configured_quotas()
-        # the quota file's monthly_budget_usd, with team_monthly_budget_usd taking precedence per team
-        budgets = {
-            **(quotas.budgets() if quotas else {}),
-            **parse_team_budgets(provider_config("team_monthly_budget_usd")),
-        }
+        budgets = configured_budgets()
         fail_closed = provider_config("budget_fail_closed")
         kwargs.setdefault(
             "budget_fail_closed",
@@ -343,6 +352,12 @@ class SpendControl:
                 self.ledger.add(self.team, record.cost_usd)
             except Exception as err:  # the budget is a guard, not the job: never fail the task for it
                 self.log.warning("Could not add $%.4f to team %s's monthly spend: %s", record.cost_usd, self.team, err)
+
+    def kill_report(self, record: AttemptRecord) -> dict[str, Any]:
+        """What a deferred attempt's trigger needs to report the attempt's end when a kill stops it
+        (:func:`gpu_provider.spend.ended.report_stopped`): the team, the nodes and the price."""
+        price = self._price_or_none(record.capacity, record.instance_type)
+        return {"team": self.team, "nodes": self.resources.nodes, "price": price.to_dict() if price else None}
 
     def cost_limit(self, record: AttemptRecord, records: Sequence[AttemptRecord]) -> dict[str, float] | None:
         """The running budget of ``record``'s attempt, for the wait: ``None`` without ``max_cost_usd``."""

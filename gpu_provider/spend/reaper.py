@@ -40,7 +40,8 @@ from typing import Any
 
 from gpu_provider.backends.base import Backend, OwnedJob, TaskKey
 from gpu_provider.job import GpuResources
-from gpu_provider.spend.prices import PriceBook, PriceNotFoundError
+from gpu_provider.records import AttemptRecord
+from gpu_provider.spend.prices import Price, PriceBook, PriceNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ LIVE_STATES = frozenset(
 LIVE_RUN_STATES = frozenset({"queued", "running"})
 #: seconds after submission during which a job is never stopped (default of ``grace_period``)
 DEFAULT_GRACE_PERIOD_S = 600.0
+
+#: the longest the reaper reads a stopped job's status for its figures
+REPORT_READ_S = 30.0
 
 STOP = "stop"
 KEEP = "keep"
@@ -278,6 +282,8 @@ class Verdict:
     usd_per_hour: float | None = None
     stopped: bool = False
     error: str | None = None
+    ended: AttemptRecord | None = None
+    """The end reported for a job it stopped (GPU time and cost from the service's own times)."""
 
     def to_dict(self) -> dict[str, Any]:
         task = self.job.task
@@ -296,6 +302,8 @@ class Verdict:
             "usd_per_hour": None if self.usd_per_hour is None else round(self.usd_per_hour, 4),
             "stopped": self.stopped,
             "error": self.error,
+            "gpu_hours": None if self.ended is None else self.ended.gpu_hours,
+            "cost_usd": None if self.ended is None else self.ended.cost_usd,
         }
 
 
@@ -415,17 +423,45 @@ def _label(task: TaskKey) -> str:
     return f"{task.dag_id}.{task.task_id}{mi} of run {task.run_id}"
 
 
-def job_usd_per_hour(backend: Backend, job: OwnedJob, book: PriceBook) -> float | None:
-    """What the job bills per hour (its GPUs at its capacity's price), ``None`` when no price is known."""
+def job_price(backend: Backend, job: OwnedJob, book: PriceBook) -> Price | None:
+    """The price the job is charged at (its GPUs at its capacity's price), ``None`` when none is known."""
     gpus = job.gpus if job.gpus > 0 else 1.0
     try:
         resources = GpuResources(gpus=gpus if gpus < 1 else round(gpus), nodes=max(1, job.nodes))
-        price = book.job_price(
+        return book.job_price(
             resources, job.handle.capacity, job.region, backend.price_catalog, instance_type=job.instance_type
         )
     except (PriceNotFoundError, ValueError):
         return None
+
+
+def job_usd_per_hour(backend: Backend, job: OwnedJob, book: PriceBook) -> float | None:
+    """What the job bills per hour (its GPUs at its capacity's price), ``None`` when no price is known."""
+    price = job_price(backend, job, book)
+    if price is None:
+        return None
+    gpus = job.gpus if job.gpus > 0 else 1.0
     return price.usd_per_gpu_hour * gpus * max(1, job.nodes)
+
+
+def report_reaped(backend: Backend, job: OwnedJob, reason: str, book: PriceBook) -> AttemptRecord:
+    """The end of a job the reaper stopped, reported once (metrics, the team's month): its status read
+    after the stop (bounded), with the service's start and GPU time, priced like every other attempt.
+    The reaper cannot write the owning task's records; the GPU page reads the same end from the service."""
+    from gpu_provider.engine.runner import poll_one
+    from gpu_provider.spend.ended import report_stopped
+
+    status = poll_one(backend, job.handle, timeout=REPORT_READ_S)
+    return report_stopped(
+        job.handle,
+        status,
+        reason,
+        team=job.team,
+        backend=backend.name,
+        price=job_price(backend, job, book),
+        nodes=job.nodes,
+        log=log,
+    )
 
 
 def reap(
@@ -471,5 +507,7 @@ def reap(
                 except Exception as err:
                     verdict.error = str(err)
                     report.errors.append(f"{backend.name} job {job.handle.job_id}: could not stop it: {err}")
+                if verdict.stopped:
+                    verdict.ended = report_reaped(backend, job, f"{reason} ({why})", book)
             report.verdicts.append(verdict)
     return report

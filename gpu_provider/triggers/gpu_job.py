@@ -41,6 +41,8 @@ EVENT_STATUS_BY_STATE = {
     JobState.CANCELLED: names.EVENT_CANCELLED,
 }
 DEADLINE_EVENT = names.EVENT_DEADLINE
+#: the longest a killed trigger reads the stopped job's status for its figures (within on_kill's timeout)
+KILL_STATUS_READ_S = 10.0
 #: wait outcomes other than the job's end, as event statuses
 EVENT_STATUS_BY_OUTCOME = {
     CAPACITY_TIMEOUT: names.EVENT_CAPACITY_TIMEOUT,
@@ -152,6 +154,10 @@ class GpuJobTrigger(BaseTrigger):
     :param cost_limit: the attempt's running budget (``usd_per_gpu_second``, ``remaining_usd``, ...): the
         trigger fires ``budget`` once the job's GPU-seconds cost that much, and the task stops the job.
     :param try_number: the Airflow try that deferred; a kill leaves the job alone when a later try owns it.
+    :param spend: the team, nodes and price of the attempt (``SpendControl.kill_report``): a kill that
+        stops the job reports its end once, with the service's GPU time and cost, in the metrics and the
+        team's month (the triggerer cannot write the task's records; the GPU page reads the end from the
+        service). ``None``: the kill stops the job and reports nothing.
     """
 
     #: whether the task behind the trigger owns the job (and may stop it); a watching task's trigger does not
@@ -171,6 +177,7 @@ class GpuJobTrigger(BaseTrigger):
         restart_limit: int | None = None,
         cost_limit: dict[str, float] | None = None,
         try_number: int | None = None,
+        spend: dict[str, Any] | None = None,
         **_newer: Any,
     ) -> None:
         # ``_newer``: arguments a newer provider version added; a triggerer one version behind still runs it
@@ -186,6 +193,7 @@ class GpuJobTrigger(BaseTrigger):
         self.restart_limit = None if restart_limit is None else int(restart_limit)
         self.cost_limit = dict(cost_limit) if cost_limit else None
         self.try_number = None if try_number is None else int(try_number)
+        self.spend = dict(spend) if spend else None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -202,6 +210,7 @@ class GpuJobTrigger(BaseTrigger):
                 "restart_limit": self.restart_limit,
                 "cost_limit": self.cost_limit,
                 "try_number": self.try_number,
+                "spend": self.spend,
             },
         )
 
@@ -300,7 +309,35 @@ class GpuJobTrigger(BaseTrigger):
             )
             return
         who = self.task_label or f"Airflow task of job {handle.name}"
-        await asyncio.to_thread(backend.cancel, handle, f"{who} was killed while deferred")
+        reason = f"{who} was killed while deferred"
+        await asyncio.to_thread(backend.cancel, handle, reason)
+        if self.spend is not None and self.owns_job:
+            await asyncio.to_thread(self._report_kill, backend, handle, reason)
+
+    def _report_kill(self, backend: Backend, handle: JobHandle, reason: str) -> None:
+        """The killed attempt's end, once: read from the service after the stop (bounded), priced, reported."""
+        from gpu_provider.engine.runner import poll_one
+        from gpu_provider.spend.ended import price_from_dict, report_stopped
+
+        spend = self.spend or {}
+        status = poll_one(backend, handle, timeout=KILL_STATUS_READ_S)
+        record = report_stopped(
+            handle,
+            status,
+            reason,
+            team=spend.get("team"),
+            backend=backend.name,
+            price=price_from_dict(spend.get("price")),
+            nodes=int(spend.get("nodes") or 1),
+            log=self.log,
+        )
+        self.log.info(
+            "%s job %s stopped by the kill: %.4f GPU-hours, %s.",
+            backend.name,
+            handle.job_id,
+            record.gpu_hours,
+            f"${record.cost_usd:.4f}" if record.cost_usd is not None else "cost unknown (no price)",
+        )
 
 
 class GpuBackoffTrigger(BaseTrigger):

@@ -163,6 +163,12 @@ class Airflow:
                 self.server_errors.append(f"{method} {path}: {err.code} {detail}")
                 time.sleep(1)
 
+    def ended_attempt(self, dag_id: str) -> dict[str, Any] | None:
+        """The GPU page's ended attempt of ``dag_id`` (``/gpu/api/attempts``), once it has one."""
+        with urllib.request.urlopen(f"{self.url}/gpu/api/attempts", timeout=30) as response:
+            found = json.loads(response.read())["attempts"]
+        return next((a for a in found if a["dag_id"] == dag_id and a["end"] is not None), None)
+
     def cli(self, *args: str) -> None:
         subprocess.run([sys.executable, "-m", "airflow", *args], env=self.env, check=True, capture_output=True)
 
@@ -266,6 +272,18 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld
             # the example pipeline's data, and its local jobs in the state folder the teardown cleans
             "GPU_PIPELINE_DATA_ROOT": (root / "pipeline_data").as_uri(),
             "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(state),
+            # the GPU page prices local jobs ($0.01 per GPU-second) and reads the end of the Batch ones too
+            "AIRFLOW__GPU_PROVIDER__LOCAL_GPU_HOUR_USD": "36",
+            "AIRFLOW__GPU_PROVIDER__UI_BACKENDS": json.dumps(
+                [
+                    {"name": "local"},
+                    {
+                        "name": "batch",
+                        "spot_queue": batch_emulator.setup.spot_queue,
+                        "on_demand_queue": batch_emulator.setup.on_demand_queue,
+                    },
+                ]
+            ),
         }
     )
     log = (root / "standalone.log").open("w")
@@ -326,6 +344,12 @@ def test_marking_a_task_failed_cancels_its_job(airflow: Airflow, mode: str) -> N
     airflow.api("PATCH", f"/dags/{dag_id}/dagRuns/run1/taskInstances/job", {"new_state": "failed"})
     # one poll interval (0.5 s) and the job's grace period (1 s), with room for a loaded machine
     wait_for(lambda: not pid_alive(pid), 20, "the job to be cancelled")
+    # the GPU page: cancelled, who stopped it, its start, GPU-hours and cost from the job's own times (a
+    # deferred task's record is not written by the triggerer: the page reads the end from the backend)
+    ended = wait_for(lambda: airflow.ended_attempt(dag_id), 60, "the killed attempt on the GPU page")
+    assert ended["end"] == "cancelled" and ended["state"] == "CANCELLED", ended
+    assert f"Airflow task {dag_id}.job of run run1 was killed" in ended["reason"], ended
+    assert ended["started_at"] and ended["gpu_hours"] > 0 and ended["cost_usd"] > 0, ended
 
 
 def test_deferred_tasks_succeed_through_the_real_triggerer(airflow: Airflow) -> None:
@@ -384,6 +408,9 @@ def test_marking_a_deferred_batch_task_failed_terminates_its_job(airflow: Airflo
     )
     assert submit["jobName"].startswith("gp-kill-batch-def-job-")
     wait_for(lambda: not pid_alive(pid), 20, "the job process to stop")
+    ended = wait_for(lambda: airflow.ended_attempt(dag_id), 60, "the killed attempt on the GPU page")
+    assert ended["end"] == "cancelled" and "was killed while deferred" in ended["reason"], ended
+    assert ended["started_at"] and ended["gpu_hours"] > 0 and ended["cost_usd"] > 0, ended
 
 
 def test_a_run_without_a_logical_date_publishes_data_and_an_asset_triggered_run_retrains(airflow: Airflow) -> None:

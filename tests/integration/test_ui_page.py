@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -202,6 +203,20 @@ def _dags(harness: Harness) -> dict[str, Path]:
             )
             """,
         ),
+        # one whose worker dies hard (no on_kill) and whose task instance is then failed: the reaper stops its job
+        "orphan_job": harness.write_dag(
+            "orphan_job",
+            f"""
+            GpuJobOperator(
+                task_id="orphaned",
+                backend=LocalBackend(state_dir={str(state)!r}, grace_period=1),
+                command=[sys.executable, "-c", "import time; time.sleep(600)"],
+                resources=GpuResources(gpus=1),
+                deferrable=False,
+                poll_interval=0.3,
+            )
+            """,
+        ),
         # one that runs while the page is looked at: 2 GPUs x 2 nodes
         "pretrain_vit": harness.write_dag(
             "pretrain_vit",
@@ -225,6 +240,8 @@ def test_gpu_page_in_a_real_browser(harness: Harness, tmp_path: Path) -> None:
     if reason:
         pytest.skip(reason)
     from gpu_provider.backends.local import LocalBackend
+    from gpu_provider.spend.prices import PriceBook
+    from gpu_provider.spend.reaper import AirflowApi, reap
 
     env = {"AIRFLOW__GPU_PROVIDER__LOCAL_GPU_HOUR_USD": GPU_HOUR_USD}
     dags = _dags(harness)
@@ -234,6 +251,7 @@ def test_gpu_page_in_a_real_browser(harness: Harness, tmp_path: Path) -> None:
     with api_server(harness.home, harness.state_dir, tmp_path) as server:
         pretrain, _, pretrain_log = harness.start(dags["pretrain_vit"], "pretrain_vit", extra_env=env)
         wait_for(lambda: [j for j in backend.list_owned() if j.handle.name.startswith("gp-pretrain")], 90, "the job")
+        orphan, _, orphan_log = harness.start(dags["orphan_job"], "orphan_job", extra_env=env)
         run = harness.run(dags["nightly_models"], "nightly_models", timeout=120, extra_env=env)
         assert run.result["state"] == "success", run.log[-3000:]
         server.wait_ready()
@@ -403,6 +421,46 @@ def test_gpu_page_in_a_real_browser(harness: Harness, tmp_path: Path) -> None:
                 if "pretrain" in r.text
             ]
             assert "was killed" in row and "$" in row, row
+
+            # an orphan: its worker died hard (no on_kill), its task instance was then failed; the reaper,
+            # asking this Airflow's REST API, stops the job and the page shows it reaped with its GPU time and cost
+            def orphaned() -> list[Any]:
+                assert orphan.poll() is None, orphan_log.read_text()[-3000:]
+                return [j for j in backend.list_owned() if j.handle.name.startswith("gp-orphan-job-")]
+
+            wait_for(orphaned, 60, "the orphan's job")
+            orphan.kill()
+            orphan.wait(timeout=60)
+            (db,) = harness.home.glob("*.db")
+            with sqlite3.connect(db) as conn:
+                conn.execute("update task_instance set state = 'failed' where dag_id = 'orphan_job'")
+            server.request("/gpu/api/summary", token)  # the next read sees the failed task instance
+            before = _no_team(server, token)
+            report = reap(
+                [backend],
+                AirflowApi(server.url, token=token),
+                dry_run=False,
+                grace_period_s=0,
+                book=PriceBook(local_gpu_hour_usd=float(GPU_HOUR_USD)),
+            )
+            stopped = {v.job.task.dag_id for v in report.to_stop if v.stopped and v.job.task}
+            assert "orphan_job" in stopped, report  # and the untracked job of a DAG Airflow does not know
+
+            def reaped() -> dict[str, Any] | None:
+                found = server.request("/gpu/api/attempts", token)[1]["attempts"]
+                return next((a for a in found if a["dag_id"] == "orphan_job" and a["end"] == "reaped"), None)
+
+            gone = wait_for(reaped, 60, "the reaped attempt among the ended ones")
+            assert gone["gpu_hours"] > 0 and gone["cost_usd"] > 0 and gone["started_at"], gone
+            assert "the GPU reaper" in gone["reason"], gone
+            after = _no_team(server, token)
+            assert after["gpu_hours"]["day"] >= before["gpu_hours"]["day"], (before, after)
+            assert after["cost_usd"]["day"] >= before["cost_usd"]["day"], (before, after)
+
+
+def _no_team(server: ApiServer, token: str) -> dict[str, Any]:
+    """The summary's row of the tasks without ``team=``."""
+    return dict({t["team"]: t for t in server.request("/gpu/api/summary", token)[1]["teams"]}["-"])
 
 
 def _open_page(driver: Any, url: str) -> None:

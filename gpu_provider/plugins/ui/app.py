@@ -83,7 +83,8 @@ def _view(user: Any) -> _View:
     every_dag = set(allowed) >= snap.dag_ids
     rows = queries.permitted(snap.rows, allowed)
     live = queries.visible_live(snap.live.jobs, allowed, every_dag)
-    attempts = data.attempts_of(rows, snap.live.jobs, time.time(), snap.live.usd_per_hour)  # by job id: only theirs
+    # by job id: only theirs
+    attempts = data.attempts_of(rows, snap.live.jobs, time.time(), snap.live.usd_per_hour, snap.ended)
     return _View(attempts, snap, live, every_dag)
 
 

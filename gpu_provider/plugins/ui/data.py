@@ -191,19 +191,23 @@ def attempts_of(
     live_jobs: Mapping[str, OwnedJob],
     now: float,
     live_rates: Mapping[str, float] | None = None,
+    ended: Mapping[str, AttemptRecord] | None = None,
 ) -> list[Attempt]:
     """Every attempt in ``rows``; ``live_jobs`` (by job id) are the backends' active jobs, ``live_rates``
     what each bills per hour.
 
     An attempt whose record is not terminal counts as running while its task instance is live or
-    its backend still lists the job; otherwise it ended when its task instance did (a task marked
-    failed while deferred leaves its last record as it was).
+    its backend still lists the job; otherwise it ended: with the end the service reports for it
+    (``ended``, by job id: a task killed while deferred, a job the reaper stopped, whose records nobody
+    could write), else when its task instance did.
     """
     out = []
     for row in rows:
         team = team_of_pool(row.pool)
         for record in row.records if row.records is not None else parse_records(row.value):
             live = live_jobs.get(record.job_id)
+            if not record.state.terminal and live is None and row.ti_state not in LIVE_TI_STATES:
+                record = (ended or {}).get(record.job_id, record)
             start = _ts(record.started_at) or (live.started_at if live else None)
             end = _ts(record.ended_at)
             if record.state.terminal:

@@ -8,6 +8,12 @@
   says so) for the ``gpu_<team>`` pools.
 * Live state: ``Backend.list_owned()`` of each backend in ``[gpu_provider] ui_backends``, each with
   a time limit, cached like the records; a backend that cannot answer is reported, not fatal.
+* Ends nobody could write: an attempt whose record is not terminal while its task instance is no longer
+  live and its backend no longer lists the job was stopped by something that cannot write the task's
+  records (the trigger of a task killed while deferred, the reaper). Its end is read from the service
+  (``Backend.poll``, the service's own start, GPU time and reason), priced like every other attempt, and
+  shown in place of the stale record (:func:`read_ended`). A read only: nothing is written or stopped.
+  An end, once read, is final and kept for the process's life (bounded), so each job is asked once.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from gpu_provider.backends.base import Backend, OwnedJob, provider_config, resolve_backend
-from gpu_provider.plugins.ui.data import TEAM_POOL_PREFIX, WINDOWS, PoolRow, TaskRow, parse_records
+from gpu_provider.backends.base import Backend, JobStatus, OwnedJob, provider_config, resolve_backend
+from gpu_provider.plugins.ui.data import LIVE_TI_STATES, TEAM_POOL_PREFIX, WINDOWS, PoolRow, TaskRow, parse_records
 from gpu_provider.records import AttemptRecord
 
 #: the task state store key of the operator's attempt records (``GpuJobOperator`` writes it)
@@ -36,6 +42,8 @@ CACHE_S = 10.0
 FETCH_CHUNK = 500
 #: seconds one backend's ``list_owned`` may take before the page goes on without it
 LIVE_TIMEOUT_S = 10.0
+#: the most ended jobs whose end (read from the service) is kept
+MAX_ENDED = 20_000
 
 T = TypeVar("T")
 
@@ -251,6 +259,8 @@ class Snapshot:
     read_s: float
     dag_ids: frozenset[str] = frozenset()
     """Every DAG Airflow knows: a user allowed all of them may see what belongs to no known DAG."""
+    ended: dict[str, AttemptRecord] = field(default_factory=dict)
+    """Attempts whose end only the service knows, by job id, with that end (:func:`read_ended`)."""
 
 
 _snapshot = _Cached(CACHE_S)
@@ -267,15 +277,108 @@ def _read(backends: Callable[[], Sequence[Backend]]) -> Snapshot:
 
     began = time.monotonic()
     now = datetime.now(timezone.utc)
+    chosen: Sequence[Backend] = []
     try:
-        live = read_live(backends())
+        chosen = backends()
+        live = read_live(chosen)
     except Exception as err:  # a bad ui_backends value: show the page, say why live state is missing
         live = LiveJobs(errors=[f"[gpu_provider] ui_backends: {err}"], failed=["[gpu_provider] ui_backends"])
     with create_session() as session:
         rows, truncated = read_task_rows(session, now - max(WINDOWS.values()) - timedelta(hours=1), cache=_records)
         pools = read_pools(session)
         dag_ids = read_dag_ids(session)
-    return Snapshot(rows, truncated, pools, live, now.timestamp(), time.monotonic() - began, dag_ids)
+    ended = read_ended(rows, live, chosen)
+    return Snapshot(rows, truncated, pools, live, now.timestamp(), time.monotonic() - began, dag_ids, ended)
+
+
+#: ends read from the services, by job id (final: a job's end does not change)
+_ended: dict[str, JobStatus] = {}
+_ended_lock = threading.Lock()
+
+
+def unwritten_ends(rows: Sequence[TaskRow], live: LiveJobs) -> list[tuple[TaskRow, AttemptRecord]]:
+    """Attempts whose record is not terminal although their task instance is no longer live and no
+    backend that answered lists the job: their end was not written by the task (a kill while deferred,
+    the reaper). A backend that could not list its jobs gives none (the job may still run)."""
+    out = []
+    for row in rows:
+        if row.ti_state in LIVE_TI_STATES:
+            continue
+        for record in row.records or ():
+            backend = record.handle.backend
+            if record.state.terminal or record.job_id in live.jobs:
+                continue
+            if backend not in live.backends or backend in live.failed:
+                continue
+            out.append((row, record))
+    return out
+
+
+def read_ended(
+    rows: Sequence[TaskRow], live: LiveJobs, backends: Sequence[Backend], timeout_s: float = LIVE_TIMEOUT_S
+) -> dict[str, AttemptRecord]:
+    """The service's end of each attempt :func:`unwritten_ends` finds, as a record to show in place of the
+    stale one: ``CANCELLED`` (or however the service says it ended) with its reason (``the GPU reaper: ...``,
+    ``... was killed while deferred``), start, GPU-seconds and instance, priced at the record's price (else
+    the backend's price for its GPUs). One batched ``poll`` per backend, within ``timeout_s``; a job that has
+    not ended yet, or cannot be read, keeps its record."""
+    wanted = unwritten_ends(rows, live)
+    if not wanted:
+        return {}
+    by_name = {b.name: b for b in backends}
+    with _ended_lock:
+        missing = [r for _, r in wanted if r.job_id not in _ended and r.handle.backend in by_name]
+    futures = []
+    for name in sorted({r.handle.backend for r in missing}):
+        handles = [r.handle for r in missing if r.handle.backend == name]
+        futures.append(_pool.submit(by_name[name].poll, handles))
+    deadline = time.monotonic() + timeout_s
+    for future in futures:
+        try:
+            found = future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except Exception:  # no end read this time: the record is shown as it is, and asked again next read
+            continue
+        with _ended_lock:
+            for job_id, read in found.items():
+                if isinstance(read, JobStatus) and read.state.terminal:
+                    _ended[job_id] = read
+            while len(_ended) > MAX_ENDED:
+                del _ended[next(iter(_ended))]
+    out = {}
+    for row, record in wanted:
+        with _ended_lock:
+            end = _ended.get(record.job_id)
+        backend = by_name.get(record.handle.backend)
+        if end is not None and backend is not None:
+            out[record.job_id] = ended_record(record, end, backend, row.pool_slots)
+    return out
+
+
+def ended_record(record: AttemptRecord, status: JobStatus, backend: Backend, pool_slots: int | None) -> AttemptRecord:
+    """A copy of ``record`` with the service's end ``status``, priced (the record's price, else the
+    backend's for the task's GPUs: ``pool_slots`` is the task's total GPUs)."""
+    from gpu_provider.job import GpuResources
+    from gpu_provider.spend.ended import price_from_dict, priced
+    from gpu_provider.spend.prices import PriceBook
+
+    copy = AttemptRecord.from_dict(record.to_dict())
+    copy.update(status)
+    price = price_from_dict(record.price)
+    if price is None:
+        nodes = max(1, copy.nodes)
+        per_node = float(pool_slots or 1) / nodes
+        try:
+            resources = GpuResources(gpus=per_node if per_node < 1 else round(per_node), nodes=nodes)
+            price = PriceBook.from_config().job_price(
+                resources,
+                copy.capacity,
+                backend.price_region(),
+                backend.price_catalog,
+                instance_type=copy.instance_type,
+            )
+        except Exception:  # no price known: GPU time without a cost, as for any unpriced attempt
+            price = None
+    return priced(copy, price)
 
 
 def read_dag_ids(session: Any) -> frozenset[str]:
@@ -291,6 +394,8 @@ def clear_cache(*, records: bool = False) -> None:
     _snapshot.clear()
     if records:
         _records.reset()
+        with _ended_lock:
+            _ended.clear()
 
 
 def permitted(rows: Sequence[TaskRow], dag_ids: Mapping[str, Any] | set[str] | None) -> list[TaskRow]:
