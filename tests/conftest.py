@@ -24,6 +24,7 @@ import pytest
 # them this suite's names and add its own.
 pytest_plugins = (
     "tests.harness",
+    "tests.statsd",
     "tests.batch_world",
     "tests.ec2_world",
     "tests.kubernetes_world",

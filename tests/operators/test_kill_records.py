@@ -10,7 +10,6 @@ import signal
 import socket
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,30 +18,10 @@ import pytest
 from gpu_provider.backends.base import JobState, JobStatus
 from gpu_provider.spend.ended import end_status
 from tests.harness import Harness, wait_for
+from tests.statsd import datagrams
 
 #: $0.01 per GPU-second on the local backend
 LOCAL_PRICE = {"AIRFLOW__GPU_PROVIDER__LOCAL_GPU_HOUR_USD": "36"}
-
-
-@pytest.fixture
-def statsd() -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.2)
-    try:
-        yield sock
-    finally:
-        sock.close()
-
-
-def _datagrams(sock: socket.socket) -> list[str]:
-    lines: list[str] = []
-    while True:
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
-            return lines
-        lines.extend(data.decode().splitlines())
 
 
 def _stored(home: Path, dag_id: str) -> list[dict[str, Any]]:
@@ -93,9 +72,9 @@ def test_a_killed_task_records_its_attempt_as_cancelled_with_gpu_time_and_cost(
     assert record["gpu_seconds"] >= 2 * 2, record  # 2 GPUs for at least 2 seconds
     assert record["cost_usd"] == pytest.approx(record["gpu_seconds"] * 0.01, rel=1e-3)
     assert record["reported"] is True
-    datagrams = _datagrams(statsd)
-    gpu_hours = [line for line in datagrams if line.startswith("airflow.gpu_provider.gpu_hours,")]
-    assert len(gpu_hours) == 1 and "team=vision" in gpu_hours[0], datagrams
+    lines = datagrams(statsd)
+    gpu_hours = [line for line in lines if line.startswith("airflow.gpu_provider.gpu_hours,")]
+    assert len(gpu_hours) == 1 and "team=vision" in gpu_hours[0], lines
     sent = float(gpu_hours[0].split(":")[1].split("|")[0])
     assert sent == pytest.approx(record["gpu_seconds"] / 3600, rel=1e-3)
 

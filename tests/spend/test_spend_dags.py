@@ -9,7 +9,6 @@ import json
 import re
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,31 +16,10 @@ import pytest
 from gpu_provider.backends.local import LocalBackend
 from tests.batch_world import BatchWorld
 from tests.harness import Harness
+from tests.statsd import datagrams
 
 #: $0.01 per GPU-second on the local backend
 LOCAL_PRICE = {"AIRFLOW__GPU_PROVIDER__LOCAL_GPU_HOUR_USD": "36"}
-
-
-@pytest.fixture
-def statsd() -> Iterator[socket.socket]:
-    """A UDP socket standing in for a StatsD server."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.2)
-    try:
-        yield sock
-    finally:
-        sock.close()
-
-
-def _datagrams(sock: socket.socket) -> list[str]:
-    lines: list[str] = []
-    while True:
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
-            return lines
-        lines.extend(data.decode().splitlines())
 
 
 def test_each_attempts_cost_follows_the_formula_in_xcom_log_and_metrics(
@@ -98,7 +76,7 @@ def test_each_attempts_cost_follows_the_formula_in_xcom_log_and_metrics(
     assert result["gpu_hours"] == pytest.approx(result["gpu_seconds"] / 3600, abs=1e-6)
 
     # StatsD (influx tags): name,tags:value|type, one set per attempt
-    everything = _datagrams(statsd)
+    everything = datagrams(statsd)
     grams = [g for g in everything if ".gpu_provider." in g]
     assert grams, (everything[:20], [line for line in run.log.splitlines() if "metric" in line.lower()][:20])
     parsed = {}

@@ -33,20 +33,10 @@ from gpu_provider.spend.ended import price_from_dict
 from gpu_provider.spend.prices import PriceBook
 from tests.harness import REPO, wait_for
 from tests.spend.fake_airflow_api import FakeAirflowApi, serving
+from tests.statsd import datagrams
 
 #: $0.01 per GPU-second on the local backend
 GPU_HOUR_USD = 36.0
-
-
-@pytest.fixture
-def statsd() -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.2)
-    try:
-        yield sock
-    finally:
-        sock.close()
 
 
 @pytest.fixture
@@ -62,16 +52,6 @@ def priced(monkeypatch: pytest.MonkeyPatch) -> None:
     """The page prices with ``[gpu_provider] local_gpu_hour_usd``, as the API server would."""
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__LOCAL_GPU_HOUR_USD", str(GPU_HOUR_USD))
     queries.clear_cache(records=True)
-
-
-def _datagrams(sock: socket.socket) -> list[str]:
-    lines: list[str] = []
-    while True:
-        try:
-            got = sock.recv(65536)
-        except TimeoutError:
-            return lines
-        lines.extend(got.decode().splitlines())
 
 
 def _metric(lines: list[str], name: str) -> list[float]:
@@ -163,7 +143,7 @@ def test_an_orphan_the_reaper_stops_shows_reaped_with_gpu_time_and_cost_and_is_c
         report = _child(statsd, "reap", str(local.state_dir), server.url)
         (stopped,) = report["to_stop"]  # type: ignore[misc]
         assert stopped["stopped"] and stopped["gpu_hours"] > 0 and stopped["cost_usd"] > 0, report
-        lines = _datagrams(statsd)
+        lines = datagrams(statsd)
         (sent_hours,) = _metric(lines, "gpu_provider.gpu_hours")
         (sent_cost,) = _metric(lines, "gpu_provider.cost_usd")
         assert [line for line in lines if "gpu_hours" in line and "team=vision" in line], lines
@@ -171,7 +151,7 @@ def test_an_orphan_the_reaper_stops_shows_reaped_with_gpu_time_and_cost_and_is_c
         assert sent_cost == pytest.approx(stopped["gpu_hours"] * GPU_HOUR_USD, rel=1e-2)
         # a later pass finds nothing to stop: the end is not counted twice
         again = _child(statsd, "reap", str(local.state_dir), server.url)
-        assert again["to_stop"] == [] and _metric(_datagrams(statsd), "gpu_provider.gpu_hours") == []
+        assert again["to_stop"] == [] and _metric(datagrams(statsd), "gpu_provider.gpu_hours") == []
 
     # the page: the record the task left says QUEUED; the end comes from the service, read once stopped
     row = _row(handle, "reaped_dag", "failed")
@@ -198,7 +178,7 @@ def test_a_deferred_task_killed_shows_cancelled_with_gpu_time_and_cost_and_is_co
 
     spend = {"team": "vision", "nodes": 1, "price": price.to_dict()}  # what the operator hands its trigger
     _child(statsd, "trigger", str(local.state_dir), json.dumps(handle.to_dict()), json.dumps(spend))
-    lines = _datagrams(statsd)
+    lines = datagrams(statsd)
     (sent_hours,) = _metric(lines, "gpu_provider.gpu_hours")
     (sent_cost,) = _metric(lines, "gpu_provider.cost_usd")
     assert sent_hours > 0 and sent_cost == pytest.approx(sent_hours * GPU_HOUR_USD, rel=1e-2), lines
