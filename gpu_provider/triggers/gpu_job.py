@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 #: seconds between regular ticks while events flow, unless ``[gpu_provider] event_backstop_interval`` says
 DEFAULT_EVENT_BACKSTOP_S = 60.0
+#: seconds the poller gathers events before polling the jobs they name
+EVENT_COALESCE_S = 0.2
 
 #: event statuses, one per way an attempt's wait can end
 EVENT_STATUS_BY_STATE = {
@@ -210,6 +212,8 @@ class SharedPoller:
                     await self._tick()
                     last_regular = time.monotonic()
                 elif self._changed:
+                    # events that come together (many jobs ending at once, a pod's last changes) share one poll
+                    await asyncio.sleep(EVENT_COALESCE_S)
                     keys, self._changed = self._changed, set()
                     handles = [
                         h

@@ -79,7 +79,11 @@ def test_an_end_is_seen_within_about_a_second_at_a_30s_poll_interval(kubernetes:
 
 def test_one_watch_per_namespace_shared_by_pollers_and_closed_when_they_stop(kubernetes: KubernetesWorld) -> None:
     here, there = KubernetesBackend(), KubernetesBackend(namespace="other")
-    jobs = [(here, submit(here, "a", 3.0), SLOW), (here, submit(here, "b", 3.0), SLOW + 1), (there, submit(there, "c", 3.0), SLOW)]
+    jobs = [
+        (here, submit(here, "a", 3.0), SLOW),
+        (here, submit(here, "b", 3.0), SLOW + 1),
+        (there, submit(there, "c", 3.0), SLOW),
+    ]
 
     async def scenario() -> list[str]:
         waiting = [asyncio.ensure_future(wait_end(b, h, i)) for b, h, i in jobs]
