@@ -389,6 +389,11 @@ class EventSink(ABC):
         (events may have been missed, e.g. after a re-list), so every watched job is polled now."""
 
     @abstractmethod
+    def watches(self, key: str) -> bool:
+        """Whether a job with this ``job_id`` or ``name`` is waited on here (a queue's message naming it is
+        consumed; others are left for their own readers). May be called from the source's thread."""
+
+    @abstractmethod
     def up(self, flowing: bool) -> None:
         """Whether events are flowing now (the watch is open, the last queue read succeeded). While they
         flow, the poller's regular tick slows to its backstop interval; when not, it polls at its interval."""

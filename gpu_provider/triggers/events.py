@@ -44,6 +44,9 @@ class _Running(EventSink):
         for listener in self._each():
             listener.changed(keys)
 
+    def watches(self, key: str) -> bool:
+        return any(listener.watches(key) for listener in self._each())
+
     def up(self, flowing: bool) -> None:
         self.flowing = flowing
         for listener in self._each():

@@ -104,6 +104,9 @@ class _PollerSink(EventSink):
         except RuntimeError:  # the loop closed: nobody listens any more
             pass
 
+    def watches(self, key: str) -> bool:
+        return key in self.poller._watched  # a set read from the source's thread: atomic
+
     def up(self, flowing: bool) -> None:
         try:
             self.loop.call_soon_threadsafe(self.poller._note_flowing, flowing)
@@ -134,6 +137,8 @@ class SharedPoller:
         self._changed: set[str] = set()
         self._all_changed = False
         self._wake: asyncio.Event | None = None
+        #: the job ids and names of the subscribed jobs, for event sources (replaced, never changed in place)
+        self._watched: frozenset[str] = frozenset()
 
     @classmethod
     def for_backend(cls, backend: Backend, interval: float) -> SharedPoller:
@@ -148,6 +153,7 @@ class SharedPoller:
         queue: asyncio.Queue[JobStatus | BaseException] = asyncio.Queue()
         entry = self._subscribers.setdefault(handle.job_id, (handle, []))
         entry[1].append(queue)
+        self._watched = self._watched | {handle.job_id, handle.name}
         if handle.job_id in self._ended:
             queue.put_nowait(self._ended[handle.job_id])
         if self._task is None or self._task.done():
@@ -163,6 +169,7 @@ class SharedPoller:
         if not entry[1]:
             del self._subscribers[handle.job_id]
             self._ended.pop(handle.job_id, None)
+            self._watched = frozenset(k for h, _ in self._subscribers.values() for k in (h.job_id, h.name))
         if not self._subscribers and self._wake is not None:
             self._wake.set()  # the poller ends now, and with it its hold on the event source
 
