@@ -8,9 +8,9 @@ saw (bookmarks included), so nothing is missed; a 410 Gone (the version is compa
 list again for a fresh version and has every watched job polled, since changes may have been missed.
 The poller's regular LIST stays as the backstop.
 
-Only changes a poll acts on at once are reported (a pod that ended or is being deleted, a
-``DisruptionTarget`` condition, a pod that started running): each other change would cost a poll
-and bring nothing the backstop tick does not.
+Only changes a poll acts on at once are reported, once each (a pod that started running, ended, is
+being deleted, got a ``DisruptionTarget`` condition, or is gone): each other change (a label patched,
+a container status refreshed) would cost a poll and bring nothing the backstop tick does not.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 WATCH_TIMEOUT_S = 290
 #: the label selector of the watch: every pod this provider created
 SELECTOR = f"{MANAGED_BY}={MANAGER}"
+#: pods whose last reported state the watch remembers (the oldest is forgotten first)
+SEEN_PODS = 50_000
 #: dropped connections in a row resumed before the watch is reported failed (and runs again after a backoff)
 RESUME_TRIES = 3
 
@@ -39,20 +41,15 @@ class WatchExpired(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again."""
 
 
-def worth_a_poll(event: Mapping[str, Any]) -> bool:
-    """Whether a watch event may change what a poll of its attempt answers now."""
-    kind = event.get("type")
-    if kind == "DELETED":
-        return True
-    if kind not in ("ADDED", "MODIFIED"):
-        return False
+def pod_state(event: Mapping[str, Any]) -> tuple[str, bool, bool] | None:
+    """What of a pod a poll acts on at once: its phase, whether it is being deleted, whether it got a
+    ``DisruptionTarget`` condition; ``None`` for a deleted pod or an event that is not about a pod."""
+    if event.get("type") not in ("ADDED", "MODIFIED"):
+        return None
     pod = event.get("object") or {}
     status = pod.get("status") or {}
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return True
-    if status.get("phase") in ("Succeeded", "Failed", "Running"):
-        return True
-    return any(c.get("type") == "DisruptionTarget" for c in status.get("conditions") or [])
+    disrupted = any(c.get("type") == "DisruptionTarget" for c in status.get("conditions") or [])
+    return str(status.get("phase") or ""), bool((pod.get("metadata") or {}).get("deletionTimestamp")), disrupted
 
 
 def lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
@@ -75,6 +72,8 @@ class PodWatch(EventSource):
         self.key = f"kubernetes:{api.conn_id}:{namespace}"
         self._response: Any = None
         self._lock = threading.Lock()
+        #: the last state reported per pod (bounded: SEEN_PODS)
+        self._seen: dict[str, tuple[str, bool, bool]] = {}
         #: how many times the watch listed again after 410 Gone, and how many watch requests it made
         self.relists = 0
         self.requests = 0
@@ -142,10 +141,9 @@ class PodWatch(EventSource):
                     raise RuntimeError(f"the watch answered an error: {obj.get('code')} {obj.get('message')}")
                 meta = obj.get("metadata") or {}
                 version = str(meta.get("resourceVersion") or version)
-                if worth_a_poll(event):
-                    attempt = (meta.get("labels") or {}).get(LABEL_ATTEMPT_NAME)
-                    if attempt:
-                        sink.changed({str(attempt)})
+                attempt = (meta.get("labels") or {}).get(LABEL_ATTEMPT_NAME)
+                if attempt and self._worth_a_poll(str(meta.get("name") or ""), event):
+                    sink.changed({str(attempt)})
                 if stop.is_set():
                     break
         except Exception:
@@ -157,6 +155,23 @@ class PodWatch(EventSource):
                 self._response = None
             response.release_conn()
         return version
+
+    def _worth_a_poll(self, pod: str, event: Mapping[str, Any]) -> bool:
+        """Whether a watch event changed what a poll of its attempt acts on at once: a pod that started
+        running, ended, is being deleted or disrupted, or is gone. Other changes (a label patched, a
+        container's status refreshed) would each cost a poll and bring nothing the backstop does not."""
+        if event.get("type") == "DELETED":
+            self._seen.pop(pod, None)
+            return True
+        state = pod_state(event)
+        if state is None or (state[0] == "Pending" and not any(state[1:])):
+            return False
+        if self._seen.get(pod) == state:
+            return False
+        self._seen[pod] = state
+        if len(self._seen) > SEEN_PODS:
+            del self._seen[next(iter(self._seen))]  # the oldest: at worst one more poll of it
+        return True
 
     def close(self) -> None:
         with self._lock:
