@@ -114,3 +114,10 @@ def running_sources() -> list[str]:
     """The keys of the sources whose threads run now (for tests and diagnostics)."""
     with _lock:
         return sorted(k for k, r in _running.items() if r.thread.is_alive())
+
+
+def running_source(key: str) -> EventSource | None:
+    """The source of ``key`` whose thread runs now, if any (for tests and diagnostics)."""
+    with _lock:
+        running = _running.get(key)
+        return running.source if running is not None and running.thread.is_alive() else None

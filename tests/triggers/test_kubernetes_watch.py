@@ -14,9 +14,10 @@ import pytest
 
 from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, TaskKey
 from gpu_provider.backends.kubernetes import KubernetesBackend
+from gpu_provider.backends.kubernetes.events import PodWatch
 from gpu_provider.job import GpuResources
 from gpu_provider.triggers import events
-from gpu_provider.triggers.gpu_job import GpuJobTrigger, SharedPoller
+from gpu_provider.triggers.gpu_job import EVENT_COALESCE_S, GpuJobTrigger, SharedPoller
 from tests.kubernetes_world import KubernetesWorld
 
 #: the regular tick in these tests: an end seen well before it came from an event
@@ -184,3 +185,30 @@ def test_the_watch_can_be_turned_off(kubernetes: KubernetesWorld, monkeypatch: p
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__KUBERNETES_WATCH", "sometimes")
     with pytest.raises(ValueError, match=r"kubernetes_watch='sometimes': must be true or false"):
         backend.event_source()
+
+
+def test_changes_that_do_not_matter_to_a_poll_cost_none(kubernetes: KubernetesWorld) -> None:
+    backend = KubernetesBackend()
+    handle = submit(backend, "labelled", 6.0)
+
+    async def scenario() -> tuple[int, int, str]:
+        waiting = asyncio.ensure_future(wait_end(backend, handle, SLOW))
+        await until(lambda: bool(SharedPoller._pollers) and poller_of(backend).flowing, "the watch to open")
+        poller = poller_of(backend)
+        await until(lambda: kubernetes.emulator.get("pods", handle.name)["status"]["phase"] == "Running", "running")
+        await until(lambda: poller.event_ticks >= 1, "the poll of the pod that started running")
+        before = poller.calls
+        for owner_try in range(2, 7):  # five label patches of the running pod: five MODIFIED events
+            await asyncio.to_thread(backend.mark, handle, owner_try=owner_try)
+        patched = int(kubernetes.emulator.get("pods", handle.name)["metadata"]["resourceVersion"])
+        watch = events.running_source(f"kubernetes:kubernetes_default:{backend.namespace}")
+        assert isinstance(watch, PodWatch)
+        await until(lambda: int(watch.version or 0) >= patched, "the watch to stream the patches")
+        await asyncio.sleep(EVENT_COALESCE_S * 2)  # past the poller's gathering of events: a poll would be in flight
+        during = poller.calls - before
+        status, _ = await asyncio.wait_for(waiting, SLOW - 5)
+        return during, poller.event_ticks, status
+
+    during, event_ticks, status = asyncio.run(scenario())
+    assert during == 0, f"{during} polls for label patches"
+    assert status == "succeeded" and event_ticks >= 2

@@ -72,6 +72,8 @@ class PodWatch(EventSource):
         self.key = f"kubernetes:{api.conn_id}:{namespace}"
         self._response: Any = None
         self._lock = threading.Lock()
+        #: the last resourceVersion the watch saw
+        self.version = ""
         #: the last state reported per pod (bounded: SEEN_PODS)
         self._seen: dict[str, tuple[str, bool, bool]] = {}
         #: how many times the watch listed again after 410 Gone, and how many watch requests it made
@@ -140,7 +142,7 @@ class PodWatch(EventSource):
                         raise WatchExpired(str(obj.get("message") or "410 Gone"))
                     raise RuntimeError(f"the watch answered an error: {obj.get('code')} {obj.get('message')}")
                 meta = obj.get("metadata") or {}
-                version = str(meta.get("resourceVersion") or version)
+                version = self.version = str(meta.get("resourceVersion") or version)
                 attempt = (meta.get("labels") or {}).get(LABEL_ATTEMPT_NAME)
                 if attempt and self._worth_a_poll(str(meta.get("name") or ""), event):
                     sink.changed({str(attempt)})
