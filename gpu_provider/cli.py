@@ -7,6 +7,7 @@ a module adds one with a line here::
     gpu-provider quotas validate [FILE]                     read and check the quota file
     gpu-provider quotas render --batch|--kubernetes|--kueue the services' own quota objects
     gpu-provider emulator batch|sagemaker|kubernetes|ec2    a local emulator, and the settings to paste
+    gpu-provider events render --backend batch|sagemaker    the EventBridge rule, queue policy and IAM for events
 
 Exit status: 0 done; 1 an error (the message says which file, field or call); 3 ``pools sync`` found
 tasks waiting for a pool that does not exist (and did not fail them).
@@ -210,12 +211,39 @@ def _add_emulator(sub: Any) -> None:
     emulator.add_argument("rest", nargs=argparse.REMAINDER)
 
 
+def run_events_render(args: argparse.Namespace) -> int:
+    from gpu_provider.backends.aws.events import render
+
+    print(json.dumps(render(args.backend, queue_arn=args.queue_arn, rule_name=args.rule_name), indent=2))
+    return 0
+
+
+def _add_events(sub: Any) -> None:
+    events = sub.add_parser("events", help="the services' job events (EventBridge to SQS)").add_subparsers(
+        dest="action", required=True
+    )
+    rend = events.add_parser(
+        "render",
+        help="print (JSON, no AWS call) the EventBridge rule, the SQS queue's attributes and policy, the IAM "
+        "statements of the triggerer's role and the [gpu_provider] setting for a backend's events",
+    )
+    rend.add_argument("--backend", required=True, choices=["batch", "sagemaker"], help="whose job events")
+    rend.add_argument(
+        "--queue-arn", required=True, metavar="ARN", help="the SQS queue's ARN: arn:aws:sqs:REGION:ACCOUNT:NAME"
+    )
+    rend.add_argument(
+        "--rule-name", default="gpu-provider-job-events", help="the EventBridge rule's name (default %(default)s)"
+    )
+    rend.set_defaults(func=run_events_render)
+
+
 #: (name, adds its parser to the subcommands): one line per command group
 COMMANDS: list[tuple[str, Callable[[Any], None]]] = [
     ("pools", _add_pools),
     ("quotas", _add_quotas),
     ("check", _add_check),
     ("emulator", _add_emulator),
+    ("events", _add_events),
 ]
 
 

@@ -83,6 +83,51 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "15",
                         "default": "",
                     },
+                    "event_backstop_interval": {
+                        "description": "Seconds between the regular status checks of deferred tasks while their "
+                        "backend's events flow (a Kubernetes watch, EventBridge events read from SQS): a job named "
+                        "by an event is checked at once, and this backstop check catches what events missed. Never "
+                        "shorter than the poll interval; when events stop, checks return to the poll interval. "
+                        "See docs/how-to/events.md.",
+                        "version_added": "0.4.0",
+                        "type": "float",
+                        "example": "120",
+                        "default": "60",
+                    },
+                    "kubernetes_watch": {
+                        "description": "Whether the triggerer watches the provider's pods (one watch per namespace, "
+                        "label-selected; needs the watch verb on pods) to see a pod's end within about a second. "
+                        "False: polling only.",
+                        "version_added": "0.4.0",
+                        "type": "boolean",
+                        "example": "False",
+                        "default": "True",
+                    },
+                    "batch_events_queue_url": {
+                        "description": "URL of an SQS queue that an EventBridge rule fills with 'Batch Job State "
+                        "Change' events (gpu-provider events render --backend batch prints what to create). Read "
+                        "by the triggerer through the batch backend's AWS connection. Empty: polling only.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "https://sqs.us-east-1.amazonaws.com/123456789012/gpu-provider-events",
+                        "default": "",
+                    },
+                    "sagemaker_events_queue_url": {
+                        "description": "URL of an SQS queue that an EventBridge rule fills with 'SageMaker Training "
+                        "Job State Change' events (gpu-provider events render --backend sagemaker). May be the "
+                        "Batch queue when both backends use one AWS connection. Empty: polling only.",
+                        "version_added": "0.4.0",
+                        "type": "string",
+                        "example": "https://sqs.us-east-1.amazonaws.com/123456789012/gpu-provider-events",
+                        "default": "",
+                    },
+                    "aws_events_wait_seconds": {
+                        "description": "WaitTimeSeconds of each SQS long poll of the events queues (1 to 20).",
+                        "version_added": "0.4.0",
+                        "type": "integer",
+                        "example": "20",
+                        "default": "20",
+                    },
                     "max_attempt_records": {
                         "description": "The most attempt records a task instance keeps in its task state store "
                         "(and hands its trigger). Past it, the oldest attempts of runs already finished (a task "

@@ -125,3 +125,15 @@ def keep_bounded(cache: dict[Any, Any], key: Any, value: Any, *, limit: int) -> 
             cache.pop(next(iter(cache)))
         except (StopIteration, KeyError, RuntimeError):  # emptied or changed meanwhile: bounded all the same
             return
+
+
+def config_flag(key: str, *, default: bool) -> bool:
+    """``[gpu_provider] <key>`` as a boolean (true/false, yes/no, on/off, 1/0); ``default`` when unset."""
+    raw = provider_config(key).lower()
+    if not raw:
+        return default
+    if raw in ("true", "yes", "on", "1"):
+        return True
+    if raw in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"[gpu_provider] {key}={raw!r}: must be true or false")

@@ -7,20 +7,35 @@ interval, which asks the backend about *all* subscribed jobs in one ``Backend.po
 synchronous client in a thread. So N waiting jobs cost about N/100 calls per tick, not N, and no
 async AWS client (aiobotocore) is needed. A job's end is final: once a tick has seen it, the
 service is not asked about that job again while its triggers finish.
+
+Where the backend has an event source (:meth:`Backend.event_source`: a Kubernetes watch, EventBridge
+events from an SQS queue), the jobs an event names are polled at once, in one batched call, and the
+regular tick slows to ``[gpu_provider] event_backstop_interval`` (default 60 s, never faster than the
+poll interval) while events flow: a lost event costs at most that. When the source fails, the tick
+returns to the poll interval. Events are hints only: a job's status always comes from ``poll``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from gpu_provider import names
-from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, resolve_backend
+from gpu_provider.backends.base import (
+    Backend,
+    EventSink,
+    JobHandle,
+    JobState,
+    JobStatus,
+    provider_config,
+    resolve_backend,
+)
 from gpu_provider.engine.runner import read_owner
 from gpu_provider.engine.watch import (
     BUDGET,
@@ -32,6 +47,14 @@ from gpu_provider.engine.watch import (
     RESTART_LIMIT,
     AttemptWatch,
 )
+from gpu_provider.triggers import events
+
+log = logging.getLogger(__name__)
+
+#: seconds between regular ticks while events flow, unless ``[gpu_provider] event_backstop_interval`` says
+DEFAULT_EVENT_BACKSTOP_S = 60.0
+#: seconds the poller gathers events before polling the jobs they name
+EVENT_COALESCE_S = 0.2
 
 #: event statuses, one per way an attempt's wait can end
 EVENT_STATUS_BY_STATE = {
@@ -54,6 +77,45 @@ EVENT_STATUS_BY_OUTCOME = {
 }
 
 
+def event_backstop_interval() -> float:
+    """``[gpu_provider] event_backstop_interval`` in seconds (default 60)."""
+    raw = provider_config("event_backstop_interval")
+    if not raw:
+        return DEFAULT_EVENT_BACKSTOP_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise ValueError(
+            f"[gpu_provider] event_backstop_interval={raw!r}: must be a number of seconds from more than 0 to 3600"
+        )
+    return value
+
+
+class _PollerSink(EventSink):
+    """Hands an event source's news (from its thread) to a poller on its event loop."""
+
+    def __init__(self, poller: SharedPoller, loop: asyncio.AbstractEventLoop) -> None:
+        self.poller, self.loop = poller, loop
+
+    def changed(self, keys: Collection[str] | None) -> None:
+        frozen = None if keys is None else frozenset(keys)
+        try:
+            self.loop.call_soon_threadsafe(self.poller._note_changed, frozen)
+        except RuntimeError:  # the loop closed: nobody listens any more
+            pass
+
+    def watches(self, key: str) -> bool:
+        return key in self.poller._watched  # a set read from the source's thread: atomic
+
+    def up(self, flowing: bool) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.poller._note_flowing, flowing)
+        except RuntimeError:
+            pass
+
+
 class SharedPoller:
     """Polls every subscribed job of one backend in one call per tick, on one event loop."""
 
@@ -69,6 +131,16 @@ class SharedPoller:
         self._task: asyncio.Task[None] | None = None
         self.ticks = 0
         self.calls = 0
+        #: ticks of the jobs named by events (counted in ``ticks`` and ``calls`` too)
+        self.event_ticks = 0
+        #: seconds between regular ticks while the event source says events flow
+        self.backstop = max(interval, event_backstop_interval())
+        self.flowing = False
+        self._changed: set[str] = set()
+        self._all_changed = False
+        self._wake: asyncio.Event | None = None
+        #: the job ids and names of the subscribed jobs, for event sources (replaced, never changed in place)
+        self._watched: frozenset[str] = frozenset()
 
     @classmethod
     def for_backend(cls, backend: Backend, interval: float) -> SharedPoller:
@@ -83,6 +155,7 @@ class SharedPoller:
         queue: asyncio.Queue[JobStatus | BaseException] = asyncio.Queue()
         entry = self._subscribers.setdefault(handle.job_id, (handle, []))
         entry[1].append(queue)
+        self._watched = self._watched | {handle.job_id, handle.name}
         if handle.job_id in self._ended:
             queue.put_nowait(self._ended[handle.job_id])
         if self._task is None or self._task.done():
@@ -98,18 +171,93 @@ class SharedPoller:
         if not entry[1]:
             del self._subscribers[handle.job_id]
             self._ended.pop(handle.job_id, None)
+            self._watched = frozenset(k for h, _ in self._subscribers.values() for k in (h.job_id, h.name))
+        if not self._subscribers and self._wake is not None:
+            self._wake.set()  # the poller ends now, and with it its hold on the event source
+
+    def current_interval(self) -> float:
+        """Seconds between regular ticks now: the backstop while events flow, else the poll interval."""
+        return self.backstop if self.flowing else self.interval
+
+    def _note_changed(self, keys: frozenset[str] | None) -> None:
+        if keys is None:
+            self._all_changed = True
+        else:
+            self._changed.update(keys)
+        if self._wake is not None:
+            self._wake.set()
+
+    def _note_flowing(self, flowing: bool) -> None:
+        if flowing != self.flowing:
+            log.info(
+                "%s events %s: regular status checks every %.0fs.",
+                self.backend.name,
+                "flow" if flowing else "stopped",
+                self.backstop if flowing else self.interval,
+            )
+        self.flowing = flowing
+        if self._wake is not None:
+            self._wake.set()
+
+    def _attach_events(self) -> Any:
+        try:
+            source = self.backend.event_source()
+        except Exception as err:  # a bad setting must not stop the polling
+            log.warning("%s event source unavailable (%s); polling only.", self.backend.name, err)
+            return None
+        if source is None:
+            return None
+        return events.attach(source, _PollerSink(self, asyncio.get_running_loop()))
 
     async def _run(self) -> None:
+        self._wake = asyncio.Event()
+        detach = self._attach_events()
         try:
+            last_regular = -float("inf")
             while self._subscribers:
-                await self._tick()
-                await asyncio.sleep(self.interval)
+                if self._all_changed or time.monotonic() >= last_regular + self.current_interval():
+                    self._all_changed = False
+                    self._changed.clear()
+                    await self._tick()
+                    last_regular = time.monotonic()
+                elif self._changed:
+                    # events that come together (many jobs ending at once, a pod's last changes) share one poll
+                    await asyncio.sleep(EVENT_COALESCE_S)
+                    keys, self._changed = self._changed, set()
+                    handles = [
+                        h
+                        for job_id, (h, _) in self._subscribers.items()
+                        if job_id not in self._ended and (job_id in keys or h.name in keys)
+                    ]
+                    if handles:
+                        self.event_ticks += 1
+                        await self._tick(handles)
+                if self._changed or self._all_changed:
+                    await asyncio.sleep(0)
+                    continue
+                self._wake.clear()
+                # the wait ends at the next regular tick, at the interval of the moment (events flowing or not),
+                # or at an event, a change of flow or the last subscriber leaving
+                wait = last_regular + self.current_interval() - time.monotonic()
+                if wait <= 0:
+                    await asyncio.sleep(0)
+                    continue
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                except asyncio.TimeoutError:
+                    pass
         finally:
+            if detach is not None:
+                detach()
             if self._pollers.get(self._key) is self and not self._subscribers:
                 del self._pollers[self._key]
 
-    async def _tick(self) -> None:
-        handles = [entry[0] for job_id, entry in self._subscribers.items() if job_id not in self._ended]
+    async def _tick(self, only: list[JobHandle] | None = None) -> None:
+        """One batched ``poll``: of every job not yet ended, or of ``only`` (the jobs events named)."""
+        if only is None:
+            handles = [entry[0] for job_id, entry in self._subscribers.items() if job_id not in self._ended]
+        else:
+            handles = only
         if not handles:  # every job left has ended; its triggers are still reading the end
             return
         self.ticks += 1
@@ -119,9 +267,10 @@ class SharedPoller:
             result = await asyncio.to_thread(self.backend.poll, handles)
         except Exception as err:  # a failure of the whole call: every subscriber counts it
             result = err
+        polled = {h.job_id for h in handles}
         for job_id, (_, queues) in list(self._subscribers.items()):
             item: JobStatus | BaseException
-            if job_id in self._ended:
+            if job_id in self._ended or job_id not in polled:
                 continue
             if isinstance(result, BaseException):
                 item = result

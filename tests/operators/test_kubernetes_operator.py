@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, TaskKey
 from gpu_provider.backends.kubernetes import KubernetesBackend
 from gpu_provider.backends.kubernetes.mapping import CANCEL_ANNOTATION
@@ -289,7 +291,10 @@ def test_an_unpullable_image_fails_the_task_fast_with_the_reason(harness: Harnes
     assert not kubernetes.emulator.objects("pods"), "the pod that can never start is deleted"
 
 
-def test_200_waiting_attempts_in_one_triggerer_cost_one_list_per_tick(kubernetes: KubernetesWorld) -> None:
+def test_200_waiting_attempts_in_one_triggerer_cost_one_list_per_tick(
+    kubernetes: KubernetesWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__KUBERNETES_WATCH", "false")  # the regular tick alone (no watch)
     backend = KubernetesBackend()
     kubernetes.emulator.set_shortage("spot")
     handles = []

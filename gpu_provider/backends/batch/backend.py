@@ -43,6 +43,7 @@ from gpu_provider.backends.base import (
     LOG_READ_BYTES,
     Backend,
     Capabilities,
+    EventSource,
     JobHandle,
     JobIdentity,
     JobRequest,
@@ -856,6 +857,13 @@ class BatchBackend(Backend):
                 events.append((int(event.get("timestamp") or 0), label + message))
         events.sort(key=lambda item: item[0])  # stable: each stream's own order is kept within a tick
         return [line for _, line in events[-lines:]]
+
+    def event_source(self) -> EventSource | None:
+        """EventBridge state-change events from the SQS queue of ``[gpu_provider] batch_events_queue_url``, if set
+        (:mod:`gpu_provider.backends.aws.events`)."""
+        from gpu_provider.backends.aws.events import queue_events
+
+        return queue_events("batch_events_queue_url", self._clients)
 
     def console_url(self, handle: JobHandle) -> str | None:
         region = str(handle.extra.get("region") or self.region)

@@ -35,6 +35,7 @@ from gpu_provider.backends.base import (
     MAX_LOG_LINE_CHARS,
     Backend,
     Capabilities,
+    EventSource,
     JobHandle,
     JobRequest,
     JobState,
@@ -48,7 +49,7 @@ from gpu_provider.backends.base import (
     lookup_key,
     map_state,
 )
-from gpu_provider.backends.common import run_bounded, text_option
+from gpu_provider.backends.common import config_flag, run_bounded, text_option
 from gpu_provider.backends.kubernetes import options
 from gpu_provider.backends.kubernetes.calls import (
     PATIENT_ATTEMPTS,
@@ -954,6 +955,15 @@ class KubernetesBackend(Backend):
                 stamped.append((key or (0, 0), len(stamped), line))
         stamped.sort()
         return [line for _, _, line in stamped[-lines:]]
+
+    def event_source(self) -> EventSource | None:
+        """One watch of this provider's pods in the namespace, unless ``[gpu_provider] kubernetes_watch``
+        is off (:mod:`~gpu_provider.backends.kubernetes.events`)."""
+        if not config_flag("kubernetes_watch", default=True):
+            return None
+        from gpu_provider.backends.kubernetes.events import PodWatch
+
+        return PodWatch(self._api, self.namespace)
 
     def console_url(self, handle: JobHandle) -> str | None:
         if not self.dashboard_url:

@@ -42,6 +42,7 @@ from gpu_provider.backends.base import (
     LOG_READ_BYTES,
     Backend,
     Capabilities,
+    EventSource,
     JobHandle,
     JobIdentity,
     JobRequest,
@@ -1020,6 +1021,13 @@ class SageMakerBackend(Backend):
                 events.append((int(event.get("timestamp") or 0), len(events), label + message))
         events.sort()
         return [line for _, _, line in events[-lines:]]
+
+    def event_source(self) -> EventSource | None:
+        """EventBridge state-change events from the SQS queue of ``[gpu_provider] sagemaker_events_queue_url``, if set
+        (:mod:`gpu_provider.backends.aws.events`)."""
+        from gpu_provider.backends.aws.events import queue_events
+
+        return queue_events("sagemaker_events_queue_url", self._clients)
 
     def console_url(self, handle: JobHandle) -> str | None:
         return mapping.console_url(str(handle.extra.get("region") or self.region), handle.name)

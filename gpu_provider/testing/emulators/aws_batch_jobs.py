@@ -28,6 +28,7 @@ from typing import Any
 from moto.batch import models as batch_models
 
 from gpu_provider.runtime.secrets import resolve as resolve_secrets
+from gpu_provider.testing.emulators.aws_events import publish
 from gpu_provider.testing.emulators.core import current_body
 
 logger = logging.getLogger(__name__)
@@ -241,6 +242,29 @@ class JobRunner:
         before = job_state(run.job)
         run.job.status = status
         logger.info("job %s (%s) %s -> %s", run.job.job_name, run.job.job_id, before, status)
+        if status != before:
+            self._state_event(run.job)
+
+    @staticmethod
+    def _state_event(job: batch_models.Job) -> None:
+        """The "Batch Job State Change" event AWS Batch sends to EventBridge (a few of its detail's fields)."""
+        status = job_state(job)
+        detail = {
+            "jobName": job.job_name,
+            "jobId": job.job_id,
+            "jobArn": job.arn,
+            "jobQueue": job.job_queue.arn,
+            "status": status,
+            "statusReason": job.job_stopped_reason or "",
+        }
+        publish(
+            account=job.backend.account_id,
+            region=job.backend.region_name,
+            source="aws.batch",
+            detail_type="Batch Job State Change",
+            detail=detail,
+            resource=job.arn,
+        )
 
     def _wait_for_dependencies(self, run: JobRun) -> bool:
         ids = [d["jobId"] for d in run.job.depends_on or []]
@@ -506,6 +530,7 @@ class JobRunner:
             if exit_code is not None:
                 job.latest_attempt["container"]["exitCode"] = exit_code
         job._mark_stopped(success=success)
+        self._state_event(job)
         logger.info(
             "job %s (%s) %s -> %s: %s%s",
             job.job_name,

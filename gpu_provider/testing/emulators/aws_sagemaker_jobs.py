@@ -28,6 +28,8 @@ from typing import Any
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.logs.models import logs_backends
 
+from gpu_provider.testing.emulators.aws_events import publish
+
 logger = logging.getLogger("gpu_provider.testing.emulators.aws_sagemaker")
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
@@ -141,8 +143,29 @@ class JobRunner:
 
     def _set(self, job: TrainingJob, secondary: str, status: str | None = None, message: str | None = None) -> None:
         with self._lock:
+            before = job.status
             job.transition(secondary, status, message)
         logger.info("training job %s: %s/%s", job.name, job.status, secondary)
+        if job.status != before:
+            self._state_event(job)
+
+    def _state_event(self, job: TrainingJob) -> None:
+        """The "SageMaker Training Job State Change" event SageMaker sends to EventBridge (a few fields)."""
+        detail = {
+            "TrainingJobName": job.name,
+            "TrainingJobArn": job.arn,
+            "TrainingJobStatus": job.status,
+            "SecondaryStatus": job.secondary,
+            "FailureReason": job.failure_reason or "",
+        }
+        publish(
+            account=job.arn.split(":")[4],
+            region=job.arn.split(":")[3],
+            source="aws.sagemaker",
+            detail_type="SageMaker Training Job State Change",
+            detail=detail,
+            resource=job.arn,
+        )
 
     def _pause(self, job: TrainingJob, seconds: float) -> bool:
         """Wait ``seconds``; ``True`` when a stop, interruption or failure came meanwhile."""
@@ -325,6 +348,7 @@ class JobRunner:
             if job.transitions:
                 job.transitions[-1]["EndTime"] = now
         logger.info("training job %s ended %s/%s: %s", job.name, status, secondary, reason)
+        self._state_event(job)
 
     # ------------------------------------------------------------------ hosts
 

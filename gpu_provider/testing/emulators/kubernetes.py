@@ -9,8 +9,12 @@ points a client at it):
   exists) and field selectors (``a.b=c``), ``limit``/``continue`` paging, merge patch, delete with
   ``propagationPolicy`` (Foreground keeps a Job until its pods are gone; ``ownerReferences`` are
   garbage-collected), pod logs (``timestamps``, ``sinceTime`` in whole seconds as the kubelet gets it,
-  ``sinceSeconds``, ``tailLines``, ``limitBytes``), and watches (``?watch=true``: newline-delimited events, streamed
-  until ``timeoutSeconds``).
+  ``sinceSeconds``, ``tailLines``, ``limitBytes``), and watches (``?watch=true``: newline-delimited events in
+  HTTP chunks as the API server sends them, streamed until ``timeoutSeconds``, resumed from a ``resourceVersion``;
+  one older than the kept history answers an ``ERROR`` event with a 410 ``Expired`` Status, as after an etcd
+  compaction: :meth:`KubernetesEmulator.compact` forces it, :meth:`KubernetesEmulator.drop_watches` cuts every
+  open watch, :meth:`KubernetesEmulator.open_watches` lists them, and
+  :attr:`KubernetesEmulator.mute_watches` loses their events while the connections stay open).
 * A scheduler standing in for Karpenter: a pending pod gets a node of the capacity type and
   NodePool its ``nodeSelector`` asks for after ``node_delay`` seconds (one node per pod), unless
   that capacity type is short (:meth:`KubernetesEmulator.set_shortage`: the pod stays ``Pending``
@@ -51,7 +55,9 @@ import json
 import logging
 import os
 import re
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -212,6 +218,11 @@ class KubernetesEmulator(PodRunner):
         self._store: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in _KINDS}
         self._history: list[tuple[int, str, str, dict[str, Any]]] = []
         self._rv = 0
+        self._compacted = 0  # watches from a resourceVersion below this answer 410 Gone
+        self._watch_generation = 0  # drop_watches() ends every watch opened before it
+        self._open_watches: dict[int, tuple[str, str | None, str]] = {}
+        #: while True, open watches stay open but send nothing (events lost on the way)
+        self.mute_watches = False
         self._containers: dict[tuple[str, str], Container] = {}
         self._node_ready: dict[tuple[str, str], float] = {}  # pod -> when its node comes up
         self._phase_since: dict[tuple[str, str], float] = {}
@@ -392,11 +403,31 @@ class KubernetesEmulator(PodRunner):
         :meth:`kubeconfig`)."""
         return self.log.requests(action, since=since)
 
+    def compact(self) -> None:
+        """Forget the change history, as an etcd compaction does: a watch resumed from an older
+        ``resourceVersion`` gets 410 Gone (an ``ERROR`` event) and must list again."""
+        with self._lock:
+            self._history.clear()
+            self._compacted = self._rv + 1
+            self._changed.notify_all()
+
+    def drop_watches(self) -> None:
+        """Cut every open watch now (a dropped connection, an API server restart)."""
+        with self._lock:
+            self._watch_generation += 1
+            self._changed.notify_all()
+
+    def open_watches(self) -> list[tuple[str, str | None, str]]:
+        """The watches streaming now: ``(kind, namespace or None, labelSelector)`` each."""
+        with self._lock:
+            return list(self._open_watches.values())
+
     def reset(self) -> None:
         """Clear faults, shortages and the request log; delete every pod, job and service left."""
         self.faults.reset()
         self.log.reset()
         self.unpullable.clear()
+        self.mute_watches = False
         with self._lock:
             self._shortage.clear()
             self._reclaim_rules.clear()
@@ -411,7 +442,9 @@ class KubernetesEmulator(PodRunner):
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._history.append((self._rv, kind, event, copy.deepcopy(_public(obj))))
-        del self._history[:-5000]
+        if len(self._history) > 5000:
+            del self._history[:-5000]
+            self._compacted = self._history[0][0]
         self._changed.notify_all()
 
     def create(self, kind: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -537,8 +570,9 @@ class KubernetesEmulator(PodRunner):
             meta["continue"] = str(start + limit)
         return {"kind": f"{_KINDS[kind]}List", "apiVersion": "v1", "metadata": meta, "items": page}
 
-    def watch(self, kind: str, namespace: str | None, query: dict[str, str]) -> Iterator[dict[str, Any]]:
-        """Events after ``resourceVersion`` (else the current objects as ADDED), until ``timeoutSeconds``."""
+    def watch(self, kind: str, namespace: str | None, query: dict[str, str]) -> Iterator[dict[str, Any] | None]:
+        """Events after ``resourceVersion`` (else the current objects as ADDED), until ``timeoutSeconds``;
+        ``None`` after each quiet second (the HTTP side then checks that the client is still connected)."""
         labels = label_matcher(query.get("labelSelector"))
         fields = field_matcher(query.get("fieldSelector"))
         deadline = time.time() + float(query.get("timeoutSeconds") or 5)
@@ -553,24 +587,44 @@ class KubernetesEmulator(PodRunner):
 
         with self._lock:
             since = query.get("resourceVersion")
+            generation = self._watch_generation
             if not since or since == "0":
                 current = [_public(o) for o in self._store[kind].values()]
                 seen = self._rv
                 initial = [{"type": "ADDED", "object": o} for o in current if wanted(o)]
+            elif int(since) + 1 < self._compacted:
+                gone = ApiError(410, "Expired", f"too old resource version: {since} ({self._compacted - 1})")
+                initial, seen, deadline = [{"type": "ERROR", "object": gone.body()}], self._rv, 0.0
             else:
                 seen, initial = int(since), []
-        yield from initial
-        while time.time() < deadline and not self._stop.is_set():
-            with self._lock:  # sleep until a change (or the deadline, or stop): a thousand open watches cost nothing
-                if self._rv <= seen:
-                    self._changed.wait(timeout=max(0.0, deadline - time.time()))
+            token = id(initial)
+            self._open_watches[token] = (kind, namespace, str(query.get("labelSelector") or ""))
+        try:
+            yield from initial
+            while time.time() < deadline and not self._stop.is_set():
+                with (
+                    self._lock
+                ):  # sleep until a change (or the deadline, or stop): a thousand open watches cost nothing
+                    if self._watch_generation != generation:
+                        return
+                    if self._rv <= seen:
+                        self._changed.wait(timeout=min(1.0, max(0.0, deadline - time.time())))
+                        heartbeat = self._rv <= seen
+                    else:
+                        heartbeat = False
+                if heartbeat:  # nothing new for a second: the server checks that its client is still there
+                    yield None
                     continue
-                start = bisect.bisect_right(self._history, seen, key=lambda h: h[0])  # oldest first, by version
-                fresh = [h for h in self._history[start:] if h[1] == kind]
-                seen = self._rv
-            for _, _, event, obj in fresh:
-                if wanted(obj):
-                    yield {"type": event, "object": obj}
+                with self._lock:
+                    start = bisect.bisect_right(self._history, seen, key=lambda h: h[0])  # oldest first, by version
+                    fresh = [h for h in self._history[start:] if h[1] == kind]
+                    seen = self._rv
+                for _, _, event, obj in fresh:
+                    if wanted(obj) and not self.mute_watches:
+                        yield {"type": event, "object": obj}
+        finally:
+            with self._lock:
+                self._open_watches.pop(token, None)
 
     def pod_log(self, namespace: str, name: str, query: dict[str, str] | None = None) -> bytes:
         with self._lock:
@@ -681,15 +735,40 @@ class _Handler(BaseHTTPRequestHandler):
         entry["bytes"] = len(data)
         self._send(code, data)
 
-    def _stream(self, events: Iterator[dict[str, Any]]) -> None:
+    def _client_gone(self) -> bool:
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return not self.connection.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+
+    def _stream(self, events: Iterator[dict[str, Any] | None]) -> None:
+        # in HTTP/1.1 chunks, one or more events each, as the API server streams a watch: clients read
+        # each event as it comes (a plain HTTP/1.0 body would be read to its end first)
+        self.protocol_version = "HTTP/1.1"
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
         self.send_header("Connection", "close")
         self.end_headers()
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            for event in events:
-                self.wfile.write(json.dumps(event).encode() + b"\n")
+        self.close_connection = True
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, OSError):
+            try:
+                for event in events:
+                    if event is None:
+                        if self._client_gone():
+                            return
+                        continue
+                    data = json.dumps(event).encode() + b"\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
+            finally:
+                if isinstance(events, Iterator) and hasattr(events, "close"):
+                    events.close()
 
     def do_GET(self) -> None:
         self._handle("GET")
