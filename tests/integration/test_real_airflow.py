@@ -616,10 +616,12 @@ def test_the_reaper_stops_orphaned_jobs_and_leaves_live_and_new_ones_alone(airfl
     assert "is deferred" in kept["reap-batch-deferred"] and "is up_for_retry" in kept["reap-local-retry"]
     assert "is running" in kept["reap-local-running"] and "within the grace period" in kept["new"]
     # the cost the reaper reports: Batch jobs at the default instance's price (g5.xlarge, $1.006/h in
-    # us-east-1), local jobs at [gpu_provider] local_gpu_hour_usd (0 by default)
-    batch_rates = {v["usd_per_hour"] for v in live["to_stop"] if v["backend"] == "batch"}
-    assert batch_rates == {1.006}, live["to_stop"]
-    assert live["usd_per_hour"] == pytest.approx(3 * 1.006)
+    # us-east-1), local jobs at [gpu_provider] local_gpu_hour_usd (36 in this deployment, 1 GPU each)
+    rates = {where: {v["usd_per_hour"] for v in live["to_stop"] if v["backend"] == where} for where in REAP_BACKENDS}
+    assert rates == {"batch": {1.006}, "local": {36.0}}, live["to_stop"]
+    stopped = [v["backend"] for v in live["to_stop"]]
+    expected = stopped.count("batch") * 1.006 + stopped.count("local") * 36.0
+    assert stopped.count("batch") == 3 and live["usd_per_hour"] == pytest.approx(expected), live
 
     for where in REAP_BACKENDS:
         for scenario in ORPHANS:
