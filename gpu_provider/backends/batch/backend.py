@@ -461,7 +461,7 @@ class BatchBackend(Backend):
         """
         self.validate_image(request.image)
         identity = request.identity
-        queue = self._queue(request.capacity)
+        queue = self._queue(request.capacity, request.instance_type)
         self._is_fair_share(queue)  # a queue that does not exist or is disabled: a clear error first
         existing = self._find_attempt(identity, queue)
         if existing is not None:
