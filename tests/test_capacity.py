@@ -160,3 +160,14 @@ def test_a_task_naming_types_a_backend_cannot_place_is_refused_when_the_dag_is_p
     GpuJobOperator(
         task_id="t2", command=["x"], image="i:1", backend={"name": "kubernetes"}, resources={"instance_types": TYPES}
     )
+
+
+def test_the_local_backend_places_a_type_by_its_nvidia_gpu_model() -> None:
+    from gpu_provider.backends._local_gpus import gpu_model
+    from gpu_provider.backends.local import LocalBackend
+
+    LocalBackend().validate_instance_fallback(TYPES)  # h100, a100, l40s
+    with pytest.raises(ValueError, match=r"'trn1.2xlarge' has no NVIDIA GPU model .*accelerator: trn1.*allowed: "):
+        LocalBackend().validate_instance_fallback(["p5.48xlarge", "trn1.2xlarge"])
+    names = ["NVIDIA H100 80GB HBM3", "NVIDIA L40S", "NVIDIA L4", "NVIDIA A100-SXM4-80GB", "Tesla T4", "Quadro X"]
+    assert [gpu_model(n) for n in names] == ["h100", "l40s", "l4", "a100-80gb", "t4", None]

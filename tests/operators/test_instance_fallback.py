@@ -14,7 +14,7 @@ from tests.sagemaker_world import CHECKPOINT_BUCKET, SageMakerWorld
 TYPES = ("p5.48xlarge", "p4d.24xlarge", "g6e.48xlarge")
 
 
-def _operator(backend: str, command: str, capacity: str, checkpoint: str) -> str:
+def _operator(backend: str, command: str, capacity: str, checkpoint: str, gpus: int = 1) -> str:
     return f"""
         from gpu_provider import InstanceFallback
         GpuJobOperator(
@@ -22,7 +22,7 @@ def _operator(backend: str, command: str, capacity: str, checkpoint: str) -> str
             backend={backend},
             image="trainer:1",
             command={command},
-            resources=GpuResources(gpus=1, instance_types={TYPES!r}),
+            resources=GpuResources(gpus={gpus}, instance_types={TYPES!r}),
             capacity={capacity},
             checkpoint="{checkpoint}",
             deferrable=True,
@@ -37,7 +37,7 @@ def _attempts(run: Any) -> list[dict[str, Any]]:
     return list(task["xcom"]["attempts"])
 
 
-def _held_then_ran(attempts: list[dict[str, Any]], capacity: str) -> None:
+def _held_then_ran(attempts: list[dict[str, Any]], capacity: str, *, priced: bool = True) -> None:
     """The first two attempts gave their type up for want of capacity; the third ran on the third type."""
     assert [(a["instance_choice"], a["instance_type"]) for a in attempts] == [(t, t) for t in TYPES] or [
         (a["instance_choice"], a["instance_type"]) for a in attempts
@@ -48,6 +48,8 @@ def _held_then_ran(attempts: list[dict[str, Any]], capacity: str) -> None:
         (capacity, "SUCCEEDED", None),
     ]
     ran = attempts[-1]
+    if not priced:  # the local backend charges [gpu_provider] local_gpu_hour_usd, whatever the type
+        return
     # the cost is of the type that ran
     assert ran["price"]["instance_type"].removeprefix("ml.") == "g6e.48xlarge", ran["price"]
     assert ran["cost_usd"] is not None
@@ -136,3 +138,44 @@ def test_batch_submits_each_type_to_its_queue_and_runs_on_the_third(harness: Har
     assert [a["queue"] for a in attempts] == [queues[t] for t in TYPES]
     assert [b["jobQueue"] for b in batch.bodies("SubmitJob")] == [queues[t] for t in TYPES]
     assert [b["jobId"] for b in batch.bodies("TerminateJob")] == [a["job_id"] for a in attempts[:2]]
+
+
+def test_local_runs_on_the_gpu_model_of_the_third_type_when_the_machine_lacks_the_first_two(
+    harness: Harness,
+) -> None:
+    # a machine with two L40S and one T4: no H100 (p5), no A100 (p4d); g6e's L40S are here
+    smi = harness.tmp / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        'case "$1" in\n'
+        "  --query-gpu=index,name) printf '0, NVIDIA L40S\\n1, Tesla T4\\n2, NVIDIA L40S\\n' ;;\n"
+        "  *) printf '0\\n1\\n2\\n' ;;\n"
+        "esac\n"
+    )
+    smi.chmod(0o755)
+    out = harness.tmp / "out"
+    command = repr(
+        [
+            "/bin/sh",
+            "-c",
+            f'mkdir -p {out} && echo "$CUDA_VISIBLE_DEVICES" > {out}/devices && exec "$@"',
+            "job",
+            *harness.toy_args(str(out), 2, 0.05),
+        ]
+    )
+    dag = harness.write_dag(
+        "local_instance_fallback",
+        _operator(
+            f"LocalBackend(state_dir={str(harness.state_dir)!r}, nvidia_smi={str(smi)!r}, grace_period=2)",
+            command,
+            "OnDemand(instances=InstanceFallback(capacity_wait=1.5), backoff=0)",
+            f"file://{harness.tmp / 'ckpt'}",
+            gpus=2,
+        ),
+    )
+    run = harness.run(dag, "local_instance_fallback")
+    attempts = _attempts(run)
+    _held_then_ran(attempts, "on-demand", priced=False)
+    assert "waiting for GPUs: h100 for instance type p5.48xlarge: this machine has no h100 GPU" in run.log
+    # the job ran on the machine's two L40S, not on the T4
+    assert (out / "devices").read_text().strip() == "0,2"
