@@ -20,8 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gpu_provider.job import Checkpoint, GpuResources
 from gpu_provider.capacity import CapacityPolicy, InstanceFallback, OnDemand, Spot, SpotFallback
+from gpu_provider.job import Checkpoint, GpuResources
 
 if TYPE_CHECKING:
     from gpu_provider.backends.base import JobIdentity, JobState, TaskKey

@@ -6,12 +6,8 @@ from gpu_provider.capacity.policies import (
     _BY_NAME,
     _DEFAULT_MAX_INTERRUPTIONS,
     _DEFAULT_SPOT_WAIT_S,
-    CAPACITY_TIMEOUT,
     MAX_BACKOFF_S,
     MAX_INTERRUPTIONS,
-    ON_DEMAND,
-    PREEMPTED,
-    SPOT,
     CapacityPolicy,
     Interruption,
     OnDemand,
@@ -19,6 +15,7 @@ from gpu_provider.capacity.policies import (
     SpotFallback,
     resolve_capacity,
 )
+from gpu_provider.names import CAPACITY_TIMEOUT, ON_DEMAND, PREEMPTED, SPOT
 
 __all__ = [
     "CAPACITY_TIMEOUT",

@@ -124,7 +124,9 @@ def test_an_ordered_preference_is_checked_against_the_price_table(types: tuple[s
 
 def test_each_backend_says_whether_it_can_run_each_type() -> None:
     validate_instance_fallback(TYPES, backend=KubernetesBackend())
-    validate_instance_fallback(TYPES, backend=SageMakerBackend(role_arn="arn:aws:iam::123456789012:role/r", output_path="s3://bucket/out"))
+    validate_instance_fallback(
+        TYPES, backend=SageMakerBackend(role_arn="arn:aws:iam::123456789012:role/r", output_path="s3://bucket/out")
+    )
     sagemaker = SageMakerBackend(role_arn="arn:aws:iam::123456789012:role/r", output_path="s3://bucket/out")
     with pytest.raises(ValueError, match=r"'x9.huge' is not a SageMaker training instance of the price table"):
         sagemaker.validate_instance_fallback(["p5.48xlarge", "x9.huge"])
@@ -137,7 +139,6 @@ def test_each_backend_says_whether_it_can_run_each_type() -> None:
     assert "batch_queues_by_instance_type" in str(err.value) and "allowed now: p4d.24xlarge, p5.48xlarge" in str(
         err.value
     )
-
 
 
 def test_a_task_naming_types_a_backend_cannot_place_is_refused_when_the_dag_is_parsed() -> None:

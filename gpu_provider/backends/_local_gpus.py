@@ -72,7 +72,8 @@ NVIDIA_MODELS = ("t4", "a10g", "l4", "l40s", "v100", "a100", "a100-80gb", "h100"
 
 def gpu_model(name: str) -> str | None:
     """The model of an ``nvidia-smi`` name: ``NVIDIA H100 80GB HBM3`` -> ``h100``, ``NVIDIA L40S`` -> ``l40s``,
-    ``NVIDIA A100-SXM4-80GB`` -> ``a100-80gb``, ``Tesla T4`` -> ``t4`` (a whole word of the name, so ``l4`` never matches ``L40S``); ``None``: unknown."""
+    ``NVIDIA A100-SXM4-80GB`` -> ``a100-80gb``, ``Tesla T4`` -> ``t4`` (a whole word of the name, so ``l4``
+    never matches ``L40S``); ``None``: unknown."""
     words = "".join(c if c.isalnum() else " " for c in name.lower()).split()
     model = next((w for w in words if w in NVIDIA_MODELS), None)
     return "a100-80gb" if model == "a100" and "80gb" in words else model

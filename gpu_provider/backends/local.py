@@ -290,7 +290,9 @@ class LocalBackend(Backend):
         """The GPUs jobs may use whose ``nvidia-smi`` name is of ``model``."""
         models, problem = detect_gpu_models(self.nvidia_smi)
         if problem:
-            _log_once(f"no-models-{problem}", "could not read the GPU models (%s): no GPU matches an instance type", problem)
+            _log_once(
+                f"no-models-{problem}", "could not read the GPU models (%s): no GPU matches an instance type", problem
+            )
         return [d for d in self._devices() if models.get(d) == model]
 
     def _devices(self) -> list[int]:

@@ -122,7 +122,9 @@ class CapacityPolicy(ABC):
         last = interruptions[-1] if interruptions else None
         return Rung(capacity, self.instances.next_type(instance_types, last, capacity))
 
-    def capacity_wait_for(self, capacity: str, instance_type: str | None, instance_types: Sequence[str] = ()) -> float | None:
+    def capacity_wait_for(
+        self, capacity: str, instance_type: str | None, instance_types: Sequence[str] = ()
+    ) -> float | None:
         """How long an attempt on ``capacity`` and ``instance_type`` may wait for capacity (``None``: no limit).
 
         Spot: :attr:`spot_wait_timeout_s`, for each instance type anew. On-demand: the instance

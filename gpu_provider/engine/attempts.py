@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_provider.backends.base import JobState, JobStatus
+from gpu_provider.capacity import CapacityPolicy, Interruption
 from gpu_provider.exceptions import (
     GpuJobCancelledError,
     GpuJobError,
@@ -37,7 +38,6 @@ from gpu_provider.exceptions import (
 )
 from gpu_provider.names import CAPACITY_TIMEOUT, LOST, PREEMPTED
 from gpu_provider.records import AttemptRecord, AttemptSummary
-from gpu_provider.capacity import CapacityPolicy, Interruption
 
 
 @dataclass(frozen=True)

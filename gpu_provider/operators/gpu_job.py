@@ -29,6 +29,7 @@ from gpu_provider.backends.base import (
     check_backend_name,
     resolve_backend,
 )
+from gpu_provider.capacity import CapacityPolicy, resolve_capacity, validate_instance_fallback
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
@@ -62,7 +63,6 @@ from gpu_provider.operators._fields import (
     warn_spot_without_checkpoint,
 )
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
-from gpu_provider.capacity import CapacityPolicy, resolve_capacity, validate_instance_fallback
 from gpu_provider.spend.budget import SpendControl, check_max_cost
 from gpu_provider.spend.ended import record_end
 from gpu_provider.templates import WithTemplateFilters

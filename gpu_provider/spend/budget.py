@@ -37,9 +37,9 @@ from gpu_provider.job import GpuResources
 from gpu_provider.spend.prices import Price, PriceBook, PriceNotFoundError, attempt_cost
 
 if TYPE_CHECKING:
+    from gpu_provider.capacity import CapacityPolicy
     from gpu_provider.engine.attempts import Submit
     from gpu_provider.records import AttemptRecord
-    from gpu_provider.capacity import CapacityPolicy
 
 #: Airflow Variable holding the month's spend per team (the month is appended: ``..._2026-12``)
 SPEND_VARIABLE_PREFIX = "gpu_provider_spend_"

@@ -359,7 +359,8 @@ class SageMakerBackend(Backend):
         return mapping.instance_type_for(resources.gpu_type, gpus)
 
     def validate_instance_fallback(self, instance_types: Sequence[str]) -> None:
-        """Each type of an ordered preference must be a training instance SageMaker prices (``ml.`` added where missing)."""
+        """Each type of an ordered preference must be a training instance SageMaker prices (``ml.`` added
+        where missing)."""
         from gpu_provider.capacity.instances import known_instance_types
 
         known = known_instance_types()

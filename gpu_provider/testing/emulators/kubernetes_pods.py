@@ -498,12 +498,9 @@ class PodRunner:
 
 def _affinity_instance_types(pod: dict[str, Any]) -> list[str]:
     """The instance types a pod's required node affinity allows (``node.kubernetes.io/instance-type In``)."""
-    required = (
-        ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    )
+    required = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     out: list[str] = []
     for term in required.get("nodeSelectorTerms") or []:
         for expr in term.get("matchExpressions") or []:
