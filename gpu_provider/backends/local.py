@@ -435,8 +435,11 @@ class LocalBackend(Backend):
             if spot_index is not None and spot_index < len(self.simulate_preemptions)
             else None
         )
-        model = _instance_gpu_model(request.instance_type) if request.instance_type else None
-        devices = self._model_devices(model) if model else self._devices()
+        devices = self._devices()
+        # instance fallback: the GPUs of the type's model (a CPU-only machine runs the job as it runs any)
+        model = _instance_gpu_model(request.instance_type) if request.instance_type and devices else None
+        if model:
+            devices = self._model_devices(model)
         job_id = identity.name
         job_dir = jobs / job_id
         submitted_at = time.time()
