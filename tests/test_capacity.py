@@ -172,3 +172,14 @@ def test_the_local_backend_places_a_type_by_its_nvidia_gpu_model() -> None:
         LocalBackend().validate_instance_fallback(["p5.48xlarge", "trn1.2xlarge"])
     names = ["NVIDIA H100 80GB HBM3", "NVIDIA L40S", "NVIDIA L4", "NVIDIA A100-SXM4-80GB", "Tesla T4", "Quadro X"]
     assert [gpu_model(n) for n in names] == ["h100", "l40s", "l4", "a100-80gb", "t4", None]
+
+
+def test_a_request_runs_only_a_type_the_task_named() -> None:
+    from gpu_provider.backends.base import JobIdentity, JobRequest, TaskKey
+    from gpu_provider.job import GpuResources
+
+    identity = JobIdentity(TaskKey("d", "t", "r"), 1, 1, ON_DEMAND)
+    resources = GpuResources(instance_types=TYPES)
+    assert JobRequest(identity, ("x",), {}, resources, ON_DEMAND, instance_type="g6e.48xlarge").instance_type
+    with pytest.raises(ValueError, match=r"instance_type='g5.xlarge' is not one of resources.instance_types"):
+        JobRequest(identity, ("x",), {}, resources, ON_DEMAND, instance_type="g5.xlarge")

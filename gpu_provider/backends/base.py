@@ -154,6 +154,11 @@ class JobRequest:
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITY_TYPES:
             raise ValueError(f"capacity={self.capacity!r} is not one of {CAPACITY_TYPES}")
+        types = self.resources.instance_types
+        if self.instance_type is not None and types and self.instance_type not in types:
+            raise ValueError(
+                f"instance_type={self.instance_type!r} is not one of resources.instance_types {list(types)!r}"
+            )
 
 
 @dataclass(frozen=True)
