@@ -3,6 +3,7 @@
 The public names, all importable from here::
 
     from gpu_provider import GpuResources, Checkpoint, OnDemand, Spot, SpotFallback  # the job's spec
+    from gpu_provider import InstanceFallback                                        # ordered instance types
     from gpu_provider import GpuJobOperator, GpuReaperOperator                      # operators
     from gpu_provider import CheckpointSensor, GpuJobSensor, SpotCapacitySensor     # sensors
     from gpu_provider import JobIdentity, TaskKey, JobState                         # a job's identity, states
@@ -19,8 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gpu_provider.capacity import CapacityPolicy, InstanceFallback, OnDemand, Spot, SpotFallback
 from gpu_provider.job import Checkpoint, GpuResources
-from gpu_provider.recovery import CapacityPolicy, OnDemand, Spot, SpotFallback
 
 if TYPE_CHECKING:
     from gpu_provider.backends.base import JobIdentity, JobState, TaskKey
@@ -73,6 +74,7 @@ __all__ = [
     "GpuJobStoppedError",
     "GpuReaperOperator",
     "GpuResources",
+    "InstanceFallback",
     "JobIdentity",
     "JobState",
     "OnDemand",

@@ -239,6 +239,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "default",
                         "default": "default",
                     },
+                    "batch_queues_by_instance_type": {
+                        "description": "JSON mapping of instance types to the Batch job queue(s) running them, "
+                        "for ordered instance fallback (capacity=SpotFallback(instances=InstanceFallback())): a "
+                        'queue for both capacities, or {"spot": <queue>, "on-demand": <queue>}. Empty: none.',
+                        "version_added": "0.5.0",
+                        "type": "string",
+                        "example": '{"p5.48xlarge": {"spot": "p5-spot", "on-demand": "p5-od"}, "g6e.48xlarge": "g6e"}',
+                        "default": "",
+                    },
                     "batch_share_identifiers": {
                         "description": "JSON mapping of team names to Batch fair-share identifiers, for "
                         "identifiers a team= name cannot spell (e.g. upper case). Teams not in it use their "

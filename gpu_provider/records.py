@@ -46,6 +46,10 @@ class AttemptRecord:
     training_seconds: float | None = None
     """The time the job ran as the service counts it, where it reports it (SageMaker ``TrainingTimeInSeconds``)."""
     instance_type: str | None = None
+    """The instance type the attempt ran on: as the service reports it, else the one chosen for it."""
+    instance_choice: str | None = None
+    """The instance type the capacity policy chose for the attempt (instance fallback); ``None``: the
+    backend's choice."""
     exit_code: int | None = None
     output_uri: str | None = None
     interruption: str | None = None

@@ -66,6 +66,46 @@ def detect_gpus(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[list[int], s
     return sorted(set(indices)), None
 
 
+#: the GPU models :func:`gpu_model` recognises in an ``nvidia-smi`` name (``resources.gpu_type`` spellings)
+NVIDIA_MODELS = ("t4", "a10g", "l4", "l40s", "v100", "a100", "a100-80gb", "h100", "h200", "b200")
+
+
+def gpu_model(name: str) -> str | None:
+    """The model of an ``nvidia-smi`` name: ``NVIDIA H100 80GB HBM3`` -> ``h100``, ``NVIDIA L40S`` -> ``l40s``,
+    ``NVIDIA A100-SXM4-80GB`` -> ``a100-80gb``, ``Tesla T4`` -> ``t4`` (a whole word of the name, so ``l4``
+    never matches ``L40S``); ``None``: unknown."""
+    words = "".join(c if c.isalnum() else " " for c in name.lower()).split()
+    model = next((w for w in words if w in NVIDIA_MODELS), None)
+    return "a100-80gb" if model == "a100" and "80gb" in words else model
+
+
+def detect_gpu_models(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[dict[int, str | None], str | None]:
+    """Ask ``nvidia-smi`` for the model of each device (``--query-gpu=index,name``), with the minimal
+    environment of :func:`detect_gpus`. Returns ``{index: model}`` and ``None`` or why none were found."""
+    try:
+        proc = subprocess.run(
+            [nvidia_smi, "--query-gpu=index,name", "--format=csv,noheader"],
+            env=minimal_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        return {}, f"{nvidia_smi}: {err}"
+    if proc.returncode != 0:
+        return {}, f"{nvidia_smi} exited with code {proc.returncode}"
+    models: dict[int, str | None] = {}
+    for line in proc.stdout.splitlines():
+        index, _, name = line.partition(",")
+        try:
+            models[int(index.strip())] = gpu_model(name)
+        except ValueError:
+            return {}, f"{nvidia_smi} printed {line.strip()!r}, not 'index, name'"
+    return models, None if models else f"{nvidia_smi} listed no devices"
+
+
 def minimal_env() -> dict[str, str]:
     """The environment ``nvidia-smi`` runs with: ``PATH`` (to find it by name) and the C locale."""
     return {"PATH": os.environ.get("PATH") or os.defpath, "LC_ALL": "C"}

@@ -310,6 +310,18 @@ class Supervisor:
 
     def _wait_for_gpus(self, devices: list[int], gpus: float, nodes: int) -> tuple[tuple[int, ...], ...] | None:
         """Block until the job holds its GPUs; ``None`` when it ended instead (cancelled, never fits)."""
+        model = self.request.get("gpu_model")
+        if model is not None:
+            # instance fallback: ``devices`` are this machine's GPUs of the chosen model; too few of them is
+            # capacity that does not come (the attempt waits, and its capacity wait gives the type up)
+            missing = never_fits(devices, gpus, nodes) if devices else f"this machine has no {model} GPU"
+            if missing:
+                reason = f"waiting for GPUs: {model} for instance type {self.request.get('instance_type')}: {missing}"
+                self.set_state(common.WAITING_FOR_GPUS, reason)
+                while self.cancel_reason() is None:
+                    time.sleep(_TICK_S)
+                self.set_state(common.CANCELLED, self.cancel_reason() or "", ended_at=time.time())
+                return None
         if not devices:
             return tuple(() for _ in range(nodes))  # CPU-only machine
         impossible = never_fits(devices, gpus, nodes)

@@ -147,10 +147,19 @@ class JobRequest:
     capacity_wait_s: float | None = None
     """How long this attempt may wait for capacity (the policy's spot wait), for services that enforce
     it themselves (SageMaker ``MaxWaitTimeInSeconds``); the watch enforces it on every backend too."""
+    instance_type: str | None = None
+    """The one instance type this attempt runs on, chosen by the policy's instance fallback from
+    ``resources.instance_types`` (each backend places it its own way: Batch a queue per type, SageMaker the
+    ``InstanceType``, Kubernetes a node affinity); ``None``: the backend chooses from ``resources``."""
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITY_TYPES:
             raise ValueError(f"capacity={self.capacity!r} is not one of {CAPACITY_TYPES}")
+        types = self.resources.instance_types
+        if self.instance_type is not None and types and self.instance_type not in types:
+            raise ValueError(
+                f"instance_type={self.instance_type!r} is not one of resources.instance_types {list(types)!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -505,6 +514,17 @@ class Backend(ABC):
             raise ValueError(
                 f"max_runtime={max_runtime_s:g}s (or execution_timeout): {where} accepts limits of "
                 f"{caps.min_runtime_s:g}s or more"
+            )
+
+    def validate_instance_fallback(self, instance_types: Sequence[str]) -> None:
+        """Refuse at parse time an ordered instance preference this backend cannot place type by type
+        (raise ``ValueError`` naming the type and what is allowed). By default a backend that picks instance
+        types per job (``capabilities.instance_types``) takes any; the others refuse."""
+        if not self.capabilities.instance_types:
+            where = self.service or f"the {self.name} backend"
+            raise ValueError(
+                f"resources.instance_types={list(instance_types)!r} with capacity.instances=InstanceFallback(...): "
+                f"{where} cannot run an attempt on a chosen instance type"
             )
 
     def validate_image(self, image: str | None) -> None:

@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 import gpu_provider
 from gpu_provider import names
 from gpu_provider.backends import _local_common as common
-from gpu_provider.backends._local_gpus import detect_gpus, gpu_seconds
+from gpu_provider.backends._local_gpus import NVIDIA_MODELS, detect_gpu_models, detect_gpus, gpu_seconds
 from gpu_provider.backends._local_logs import read_log, read_tail
 from gpu_provider.backends._local_options import (
     default_run_as_user,
@@ -280,6 +280,21 @@ class LocalBackend(Backend):
             resources, capacity, multi_capacity=multi_capacity, priority=priority, max_runtime_s=max_runtime_s
         )
 
+    def validate_instance_fallback(self, instance_types: Sequence[str]) -> None:
+        """The local backend runs an instance type on this machine's GPUs of its model (the price table's
+        ``accelerator``, matched against ``nvidia-smi`` names): each type must have an NVIDIA model."""
+        for instance_type in instance_types:
+            _instance_gpu_model(instance_type)
+
+    def _model_devices(self, model: str) -> list[int]:
+        """The GPUs jobs may use whose ``nvidia-smi`` name is of ``model``."""
+        models, problem = detect_gpu_models(self.nvidia_smi)
+        if problem:
+            _log_once(
+                f"no-models-{problem}", "could not read the GPU models (%s): no GPU matches an instance type", problem
+            )
+        return [d for d in self._devices() if models.get(d) == model]
+
     def _devices(self) -> list[int]:
         """The GPUs jobs may use; logs once per process when there are none."""
         if isinstance(self.gpus, str):  # "auto"
@@ -421,6 +436,10 @@ class LocalBackend(Backend):
             else None
         )
         devices = self._devices()
+        # instance fallback: the GPUs of the type's model (a CPU-only machine runs the job as it runs any)
+        model = _instance_gpu_model(request.instance_type) if request.instance_type and devices else None
+        if model:
+            devices = self._model_devices(model)
         job_id = identity.name
         job_dir = jobs / job_id
         submitted_at = time.time()
@@ -469,6 +488,8 @@ class LocalBackend(Backend):
             "checkpoint_uri": request.checkpoint_uri,
             "resume_from": request.resume_from,
             "gpu_devices": devices,
+            "gpu_model": model,
+            "instance_type": request.instance_type,
             "grace_period": self.grace_period,
             "spot_index": spot_index,
             "preempt_after_s": preempt_after,
@@ -922,3 +943,19 @@ class LocalBackend(Backend):
     def output_tail(self, handle: JobHandle, lines: int = 20) -> list[str]:
         """The last ``lines`` complete lines of ``job.log``, from its last 64 KiB (each cut like every log line)."""
         return read_tail(self._job_dir(handle) / common.LOG_FILE, lines)
+
+
+def _instance_gpu_model(instance_type: str) -> str:
+    """The NVIDIA GPU model of an instance type, from the price table (``p5.48xlarge`` -> ``h100``)."""
+    from gpu_provider.spend.prices import shipped_table
+
+    instances = shipped_table()["instances"]
+    info = instances.get(instance_type) or instances.get(instance_type.removeprefix("ml.")) or {}
+    model = str(info.get("accelerator") or "")
+    if model not in NVIDIA_MODELS:
+        allowed = ", ".join(sorted(t for t, i in instances.items() if i.get("accelerator") in NVIDIA_MODELS))
+        raise ValueError(
+            f"resources.instance_types: {instance_type!r} has no NVIDIA GPU model the local backend can match "
+            f"against nvidia-smi (its accelerator: {model or 'unknown'}); allowed: {allowed}"
+        )
+    return model

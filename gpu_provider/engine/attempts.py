@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_provider.backends.base import JobState, JobStatus
+from gpu_provider.capacity import CapacityPolicy, Interruption
 from gpu_provider.exceptions import (
     GpuJobCancelledError,
     GpuJobError,
@@ -37,16 +38,17 @@ from gpu_provider.exceptions import (
 )
 from gpu_provider.names import CAPACITY_TIMEOUT, LOST, PREEMPTED
 from gpu_provider.records import AttemptRecord, AttemptSummary
-from gpu_provider.recovery import CapacityPolicy, Interruption
 
 
 @dataclass(frozen=True)
 class Submit:
-    """Submit attempt ``attempt`` on ``capacity`` after ``delay`` seconds (backoff after an interruption)."""
+    """Submit attempt ``attempt`` on ``capacity`` after ``delay`` seconds (backoff after an interruption);
+    ``instance_type``: the one the policy's instance fallback chose (``None``: the backend's choice)."""
 
     attempt: int
     capacity: str
     delay: float = 0.0
+    instance_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,11 @@ def interruptions_of(records: Sequence[AttemptRecord]) -> list[Interruption]:
     of an attempt restarted too often (:meth:`AttemptEngine.restart_limit`), which its restarts count already."""
     out = []
     for r in records:
-        out += [Interruption(attempt=r.attempt, capacity=r.capacity, kind=PREEMPTED)] * r.restarts
+        chosen = r.instance_choice
+        out += [Interruption(attempt=r.attempt, capacity=r.capacity, kind=PREEMPTED, instance_type=chosen)] * r.restarts
         stopped_for_restarts = r.restarts > 0 and r.state is JobState.CANCELLED and r.interruption == PREEMPTED
         if r.interruption and not stopped_for_restarts:
-            out.append(Interruption(attempt=r.attempt, capacity=r.capacity, kind=r.interruption))
+            out.append(Interruption(attempt=r.attempt, capacity=r.capacity, kind=r.interruption, instance_type=chosen))
     return out
 
 
@@ -122,6 +125,7 @@ class AttemptEngine:
     :param retries: the task's ``retries`` (for the message of a job's own failure)
     :param resumes: whether a new attempt resumes from a checkpoint (for messages)
     :param summary: the attempts already folded out of ``records`` (their numbers are not used again)
+    :param instance_types: the task's ``resources.instance_types``, in order (for the policy's instance fallback)
     """
 
     def __init__(
@@ -136,8 +140,10 @@ class AttemptEngine:
         before_submit: Sequence[BeforeSubmit] = (),
         on_status: Sequence[OnStatus] = (),
         summary: AttemptSummary | None = None,
+        instance_types: Sequence[str] = (),
     ) -> None:
         self.policy = policy
+        self.instance_types = tuple(instance_types)
         self.records = records
         #: the attempts folded out of ``records`` (:func:`gpu_provider.records.compact`)
         self.summary = summary
@@ -266,19 +272,25 @@ class AttemptEngine:
                 record,
             )
         step = self.next_submit(delay=self.policy.backoff_delay(len(interruptions)))
+        on = f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity
+        if record.instance_choice and str(record.interruption) == CAPACITY_TIMEOUT:
+            what = f"{record.capacity} capacity for {record.instance_choice} did not come"
         self.note = (
             f"{where} ended {record.state.value}: {said(record)}. {what.capitalize()}; "
-            f"resubmitting on {step.capacity} (attempt {step.attempt}, interruption {len(interruptions)} of at "
+            f"resubmitting on {on} (attempt {step.attempt}, interruption {len(interruptions)} of at "
             f"most {budget})" + (f" in {step.delay:.1f}s" if step.delay else "") + "."
         )
         return step
 
     def next_submit(self, *, delay: float = 0.0) -> Submit:
-        interruptions = self.interruptions()
-        capacity = self.policy.capacity_after(interruptions) if interruptions else self.policy.first_capacity()
+        rung = self.policy.rung_after(self.interruptions(), self.instance_types)
         folded = (self.summary.last_attempt or 0) if self.summary else 0
         attempt = max((r.attempt for r in self.records), default=folded) + 1
-        return Submit(attempt=attempt, capacity=capacity, delay=delay)
+        return Submit(attempt=attempt, capacity=rung.capacity, delay=delay, instance_type=rung.instance_type)
+
+    def capacity_wait(self, record: AttemptRecord) -> float | None:
+        """How long ``record``'s attempt may wait for capacity (the policy's, per capacity and instance type)."""
+        return self.policy.capacity_wait_for(record.capacity, record.instance_choice, self.instance_types)
 
     # --- hooks ---------------------------------------------------------------------------------
     def before_submit(self, step: Submit) -> None:

@@ -196,6 +196,8 @@ class AttemptRunner:
 
     # --- limits of one attempt's wait ------------------------------------------------------------
     def capacity_wait(self, record: AttemptRecord) -> float | None:
+        if record.instance_choice is not None:  # instance fallback: the policy's wait for this capacity and type
+            return self.engine.capacity_wait(record)
         return self.capacity_wait_s if record.capacity == names.SPOT else None
 
     def queue_timeout(self, record: AttemptRecord) -> float | None:
@@ -341,9 +343,13 @@ class AttemptRunner:
                 engine.saw(record, fresh)
                 self.persist()
                 return engine.ended(record) if fresh.state.terminal else Wait(record)
+            what, option = record.capacity, "spot_wait_timeout"
+            if record.instance_choice is not None:
+                what = f"{record.capacity} {record.instance_choice}"
+                option = "spot_wait_timeout" if record.capacity == names.SPOT else "capacity_wait"
             reason = (
-                f"{names.CAPACITY_TIMEOUT_MARK}no {record.capacity} capacity after {self.capacity_wait_s or 0:.0f}s "
-                f"waiting (spot_wait_timeout); given up by {self.label}"
+                f"{names.CAPACITY_TIMEOUT_MARK}no {what} capacity after {self.capacity_wait(record) or 0:.0f}s "
+                f"waiting ({option}); given up by {self.label}"
             )
             if not self.cancel(record, reason):
                 # never leave a queued job nobody watches: keep waiting on it, and give the cancel another go

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_provider.backends.base import Backend, backend_class
+from gpu_provider.capacity import CapacityPolicy
 from gpu_provider.job import MAX_DURATION_S, Checkpoint, GpuResources, is_templated, to_seconds
 from gpu_provider.names import ENV_PREFIX, RENDEZVOUS_ENV, SPOT
-from gpu_provider.recovery import CapacityPolicy
 
 #: spot without a checkpoint is fine for short jobs; above this max runtime it earns a warning
 SPOT_WITHOUT_CHECKPOINT_WARN_S = 3600.0

@@ -8,6 +8,7 @@ service call lives in a backend.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ from gpu_provider.backends.base import (
     check_backend_name,
     resolve_backend,
 )
+from gpu_provider.capacity import CapacityPolicy, resolve_capacity, validate_instance_fallback
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
@@ -61,7 +63,6 @@ from gpu_provider.operators._fields import (
     warn_spot_without_checkpoint,
 )
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
-from gpu_provider.recovery import CapacityPolicy, resolve_capacity
 from gpu_provider.spend.budget import SpendControl, check_max_cost
 from gpu_provider.spend.ended import record_end
 from gpu_provider.templates import WithTemplateFilters
@@ -279,8 +280,13 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         return f"try {try_number + 1} of {last + 1}"
 
     def _validate_for(self, backend: Backend, max_runtime_s: float | None) -> None:
+        resources = self.gpu_resources
+        if self.capacity.instances is not None:
+            # an ordered preference, one type per attempt: checked type by type (price table, backend)
+            validate_instance_fallback(resources.instance_types, backend=backend)
+            resources = dataclasses.replace(resources, instance_types=())
         backend.validate(
-            self.gpu_resources,
+            resources,
             self.capacity.first_capacity(),
             multi_capacity=len(self.capacity.may_use) > 1,
             priority=self.job_priority,
@@ -392,6 +398,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             before_submit=[spend.before_submit],
             on_status=[spend.on_status],
             summary=summary,
+            instance_types=self.gpu_resources.instance_types if self.capacity.instances is not None else (),
         )
         runner = self._attempts = AttemptRunner(
             plan.backend,
@@ -564,6 +571,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             resume_from=resume_from,
             priority=self.job_priority,
             capacity_wait_s=self.capacity.spot_wait_timeout_s if step.capacity == names.SPOT else None,
+            instance_type=step.instance_type,
         )
         handle = self._handle = plan.backend.submit(request)
         self.log.info(
@@ -571,7 +579,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             plan.backend.name,
             handle.job_id,
             step.attempt,
-            step.capacity,
+            f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity,
             self.gpu_resources.gpus,
             self.gpu_resources.nodes,
             f"resuming from {resume_from}" if resume_from else "starting fresh (no checkpoint yet)",
@@ -580,6 +588,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         record = runner.engine.record_for(handle.job_id)  # an adopted job (create-or-adopt) keeps its record
         if record is None:
             record = AttemptRecord.new(handle, resume_from=resume_from, try_number=plan.try_number)
+            record.instance_choice = record.instance_type = step.instance_type
             runner.engine.records.append(record)
         runner.persist()
         self._publish_link(context, plan.backend, handle)

@@ -37,9 +37,9 @@ from gpu_provider.job import GpuResources
 from gpu_provider.spend.prices import Price, PriceBook, PriceNotFoundError, attempt_cost
 
 if TYPE_CHECKING:
+    from gpu_provider.capacity import CapacityPolicy
     from gpu_provider.engine.attempts import Submit
     from gpu_provider.records import AttemptRecord
-    from gpu_provider.recovery import CapacityPolicy
 
 #: Airflow Variable holding the month's spend per team (the month is appended: ``..._2026-12``)
 SPEND_VARIABLE_PREFIX = "gpu_provider_spend_"
@@ -307,7 +307,7 @@ class SpendControl:
             spent = 0.0
         bounded = 0.0
         if self.max_runtime_s:
-            price = self._price_or_none(step.capacity)
+            price = self._price_or_none(step.capacity, step.instance_type)  # the type chosen, if one was
             if price is not None:
                 bounded = price.usd_per_gpu_hour * self.resources.total_gpus * self.max_runtime_s / 3600.0
         if spent + bounded > budget:

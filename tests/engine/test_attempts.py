@@ -197,3 +197,33 @@ def test_an_attempt_shows_the_training_and_billable_time_and_the_spot_saving_the
     record.update(JobStatus(state=JobState.SUCCEEDED))  # a later sample without the figures keeps them
     assert record.spot_saving_pct == 70.0
     assert _record(2, billable_seconds=10.0).spot_saving_pct is None  # no training time: no saving claimed
+
+
+def test_a_capacity_timeout_on_a_preferred_instance_type_moves_to_the_next_type_on_the_same_capacity() -> None:
+    from gpu_provider.capacity import InstanceFallback
+
+    types = ("p5.48xlarge", "p4d.24xlarge")
+    policy = SpotFallback(backoff=0, spot_wait_timeout=60, instances=InstanceFallback(capacity_wait=30))
+    engine = AttemptEngine(policy, [], try_number=1, backend_name="local", instance_types=types)
+    assert engine.resume() == Submit(attempt=1, capacity="spot", instance_type="p5.48xlarge")
+    gave_up = _record(
+        1,
+        state=JobState.CANCELLED,
+        interruption=names.CAPACITY_TIMEOUT,
+        instance_choice="p5.48xlarge",
+        reason="capacity timeout: no spot p5.48xlarge capacity after 60s waiting (spot_wait_timeout)",
+    )
+    engine.records.append(gave_up)
+    assert engine.capacity_wait(gave_up) == 60
+    step = engine.ended(gave_up)
+    assert step == Submit(attempt=2, capacity="spot", instance_type="p4d.24xlarge")
+    assert "Spot capacity for p5.48xlarge did not come; resubmitting on spot, p4d.24xlarge (attempt 2" in engine.note
+    # the last type given up too: the policy's fallback, from the first type again
+    engine.records.append(
+        _record(2, state=JobState.CANCELLED, interruption=names.CAPACITY_TIMEOUT, instance_choice="p4d.24xlarge")
+    )
+    step = engine.ended(engine.records[-1])
+    assert step == Submit(attempt=3, capacity="on-demand", instance_type="p5.48xlarge")
+    on_demand = _record(3, "on-demand", instance_choice="p5.48xlarge")
+    assert engine.capacity_wait(on_demand) == 30  # not the last type: on-demand waits capacity_wait
+    assert engine.capacity_wait(_record(4, "on-demand", instance_choice="p4d.24xlarge")) is None

@@ -246,3 +246,16 @@ def test_live_jobs_and_errors_are_cut_to_what_a_user_may_read() -> None:
     (told,) = queries.visible_errors(live, every_dag=False)
     assert told.startswith("batch: ") and "nlp-team" not in told and "arn:" not in told
     assert queries.visible_errors(live, every_dag=True) == [secret]
+
+
+def test_an_attempt_shows_the_instance_type_that_ran_and_its_hourly_price() -> None:
+    ran = record(
+        "j1",
+        capacity="on-demand",
+        instance_type="g6e.48xlarge",
+        instance_choice="g6e.48xlarge",
+        price={"instance_type": "g6e.48xlarge", "usd_per_hour": 30.13, "usd_per_gpu_hour": 3.77},
+        cost=30.13,
+    )
+    (shown,) = data.recent(data.attempts_of([row(ran)], {}, NOW), NOW, offset=0, limit=5)["attempts"]
+    assert (shown["instance_type"], shown["usd_per_hour"], shown["cost_usd"]) == ("g6e.48xlarge", 30.13, 30.13)

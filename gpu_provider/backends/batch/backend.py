@@ -148,6 +148,10 @@ class BatchBackend(Backend):
     :param share_identifiers: the fair-share identifier of each team, ``{"team-a": "teamA"}`` (or that
         mapping as JSON text) [``batch_share_identifiers``, JSON]; a team not in it uses its name
         with ``-`` written as ``_``.
+    :param queues_by_instance_type: the job queue of each instance type an ordered instance preference
+        (``capacity=SpotFallback(instances=InstanceFallback())``) may name: ``{"p5.48xlarge": {"spot":
+        "p5-spot", "on-demand": "p5-od"}, "g6e.48xlarge": "g6e"}`` (one queue for both capacities), or that
+        as JSON [``batch_queues_by_instance_type``]. Each queue's compute environment runs that type only.
     :param master_port: ``MASTER_PORT`` of multi-node jobs (default 29500).
     :param multi_node_entry: wrap multi-node commands in a ``/bin/sh`` entry that sets ``NODE_RANK``
         and ``MASTER_ADDR`` from Batch's variables (default true). Turn off if the image has no
@@ -192,6 +196,7 @@ class BatchBackend(Backend):
         share_identifiers: Mapping[str, str] | str | None = None,
         master_port: int | str = DEFAULT_MASTER_PORT,
         multi_node_entry: bool | str = True,
+        queues_by_instance_type: Mapping[str, Any] | str | None = None,
     ) -> None:
         self.spot_queue = text_option("spot_queue", spot_queue, config_key="batch_spot_queue")
         self.on_demand_queue = text_option("on_demand_queue", on_demand_queue, config_key="batch_on_demand_queue")
@@ -224,6 +229,7 @@ class BatchBackend(Backend):
             raise ValueError(f"master_port={master_port!r} must be a TCP port number (1-65535)")
         self.master_port = port
         self.multi_node_entry = to_bool("multi_node_entry", multi_node_entry)
+        self.queues_by_instance_type = options.queues_by_instance_type(queues_by_instance_type)
 
         self._clients = Clients(self.aws_conn_id or "aws_default", self.region_name)
         # caches of facts that never change; plain dict reads and writes (atomic), no lock: cancel()
@@ -247,6 +253,7 @@ class BatchBackend(Backend):
             "share_identifiers": dict(self.share_identifiers),
             "master_port": self.master_port,
             "multi_node_entry": self.multi_node_entry,
+            "queues_by_instance_type": {t: dict(q) for t, q in self.queues_by_instance_type.items()},
         }
 
     def validate(
@@ -282,7 +289,33 @@ class BatchBackend(Backend):
 
     # --- queues and job definitions -----------------------------------------------------------
 
-    def _queue(self, capacity: str) -> str:
+    def validate_instance_fallback(self, instance_types: Sequence[str]) -> None:
+        """Each type of an ordered preference needs its job queues (``queues_by_instance_type``)."""
+        for instance_type in instance_types:
+            if instance_type not in self.queues_by_instance_type:
+                known = ", ".join(sorted(self.queues_by_instance_type)) or "none configured"
+                raise ValueError(
+                    f"resources.instance_types: {instance_type!r} has no Batch job queue; set "
+                    f"[gpu_provider] batch_queues_by_instance_type (or the backend's queues_by_instance_type) to "
+                    f'name its queue, e.g. {{"{instance_type}": {{"spot": "<queue>", "on-demand": "<queue>"}}}}; '
+                    f"allowed now: {known}"
+                )
+
+    def _queues(self) -> list[str]:
+        """Every job queue this backend submits to: the capacity queues and the instance types' queues."""
+        every = [self.spot_queue, self.on_demand_queue]
+        every += [q for per in self.queues_by_instance_type.values() for q in per.values()]
+        return list(dict.fromkeys(q for q in every if q))
+
+    def _queue(self, capacity: str, instance_type: str | None = None) -> str:
+        if instance_type:
+            queue = self.queues_by_instance_type.get(instance_type, {}).get(capacity)
+            if not queue:
+                raise ValueError(
+                    f"the batch backend has no {capacity} job queue for instance type {instance_type!r}: set it in "
+                    "[gpu_provider] batch_queues_by_instance_type"
+                )
+            return queue
         queue = self.spot_queue if capacity == names.SPOT else self.on_demand_queue
         if not queue:
             option = "spot_queue" if capacity == names.SPOT else "on_demand_queue"
@@ -382,7 +415,7 @@ class BatchBackend(Backend):
     def submit_body(self, request: JobRequest, definition_arn: str, *, priority: int | None = None) -> dict[str, Any]:
         """The SubmitJob body of a request (without looking anything up but the queue's policy)."""
         identity = request.identity
-        queue = self._queue(request.capacity)
+        queue = self._queue(request.capacity, request.instance_type)
         env = dict(request.env)
         env["NNODES"] = str(request.resources.nodes)
         env["MASTER_PORT"] = str(self.master_port)
@@ -429,7 +462,7 @@ class BatchBackend(Backend):
         """
         self.validate_image(request.image)
         identity = request.identity
-        queue = self._queue(request.capacity)
+        queue = self._queue(request.capacity, request.instance_type)
         self._is_fair_share(queue)  # a queue that does not exist or is disabled: a clear error first
         existing = self._find_attempt(identity, queue)
         if existing is not None:
@@ -683,7 +716,7 @@ class BatchBackend(Backend):
     def find_existing(self, task: TaskKey) -> list[JobHandle]:
         """Every attempt of the task instance in either queue, found by job name (ListJobs JOB_NAME filter)."""
         found: dict[str, tuple[str, dict[str, Any]]] = {}
-        for queue in dict.fromkeys(q for q in (self.spot_queue, self.on_demand_queue) if q):
+        for queue in self._queues():
             for summary in self._list_by_name(queue, f"{task.prefix}-t*"):
                 name = str(summary.get("jobName") or "")
                 match = _JOB_NAME.search(name)
@@ -709,13 +742,13 @@ class BatchBackend(Backend):
                     # DescribeJobs names the queue by its ARN; handles carry the name the queues were given as
                     ref = str(job.get("jobQueue") or "")
                     short = ref.rpartition("job-queue/")[2]
-                    queue = next((q for q in (self.spot_queue, self.on_demand_queue) if q in (ref, short)), short)
+                    queue = next((q for q in self._queues() if q in (ref, short)), short)
                     return self._handle_of(job, queue, {})
             return None
         if "*" in value:
             raise ValueError(f"name={value!r}: a job name, not a pattern ('*' is not allowed)")
         found: dict[str, tuple[str, dict[str, Any]]] = {}
-        for queue in dict.fromkeys(q for q in (self.spot_queue, self.on_demand_queue) if q):
+        for queue in self._queues():
             for summary in self._list_by_name(queue, value):
                 if str(summary.get("jobName") or "") == value:
                     found[str(summary["jobId"])] = (queue, summary)
@@ -747,7 +780,7 @@ class BatchBackend(Backend):
         """
         client = self._client("batch")
         found: dict[str, str] = {}
-        for queue in dict.fromkeys(q for q in (self.spot_queue, self.on_demand_queue) if q):
+        for queue in self._queues():
             for status in ACTIVE_BATCH_STATES:
                 token: str | None = None
                 while True:

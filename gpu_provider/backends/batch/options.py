@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from gpu_provider import names
 from gpu_provider.backends.base import provider_config
 from gpu_provider.runtime.secrets import check_refs
 
@@ -53,4 +54,50 @@ def share_identifiers(value: Any) -> dict[str, str]:
                 "identifier, as in the queue's scheduling policy)"
             )
         out[team] = share
+    return out
+
+
+def queues_by_instance_type(value: Any) -> dict[str, dict[str, str]]:
+    """The ``queues_by_instance_type`` option (a mapping, or JSON text), else
+    ``[gpu_provider] batch_queues_by_instance_type``: the job queue of each instance type of an ordered
+    instance preference, per capacity. A value is one queue for both capacities, or
+    ``{"spot": ..., "on-demand": ...}`` (``on_demand`` is accepted too). Returns ``{type: {capacity: queue}}``."""
+    where = "queues_by_instance_type"
+    if value is None or (isinstance(value, str) and not value.strip()):
+        value, where = provider_config("batch_queues_by_instance_type"), "[gpu_provider] batch_queues_by_instance_type"
+        if not value:
+            return {}
+    allowed = (
+        'a mapping of instance types to a job queue, or to {"spot": <queue>, "on-demand": <queue>}, e.g. '
+        '{"p5.48xlarge": {"spot": "p5-spot", "on-demand": "p5-od"}, "g6e.48xlarge": "g6e"} (or that as JSON)'
+    )
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"{where} must be {allowed}; got text that is not JSON") from None
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where} must be {allowed}; got JSON {type(value).__name__}")
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where} ({type(value).__name__}) must be {allowed}")
+    out: dict[str, dict[str, str]] = {}
+    for instance_type, queues in value.items():
+        if not isinstance(instance_type, str) or not instance_type.strip():
+            raise ValueError(f"{where} key {instance_type!r} must be an instance type name; {allowed}")
+        if isinstance(queues, str):
+            queues = {names.SPOT: queues, names.ON_DEMAND: queues}
+        if not isinstance(queues, Mapping) or not queues:
+            raise ValueError(f"{where}[{instance_type!r}]={queues!r} must be {allowed}")
+        per: dict[str, str] = {}
+        for capacity, queue in queues.items():
+            key = str(capacity).replace("_", "-")
+            if key not in names.CAPACITY_TYPES:
+                raise ValueError(
+                    f"{where}[{instance_type!r}] key {capacity!r} is not a capacity; allowed: "
+                    f"{', '.join(names.CAPACITY_TYPES)}"
+                )
+            if not isinstance(queue, str) or not queue.strip():
+                raise ValueError(f"{where}[{instance_type!r}][{capacity!r}]={queue!r} must be a job queue name")
+            per[key] = queue.strip()
+        out[instance_type.strip()] = per
     return out

@@ -315,7 +315,8 @@ def node_selector(request: JobRequest, placement: Placement) -> dict[str, str]:
 
 
 def _affinity(request: JobRequest) -> dict[str, Any] | None:
-    types = list(request.resources.instance_types)
+    # instance fallback: the one type chosen for this attempt; else any of the task's types
+    types = [request.instance_type] if request.instance_type else list(request.resources.instance_types)
     if not types:
         return None
     term = {"matchExpressions": [{"key": INSTANCE_TYPE, "operator": "In", "values": types}]}

@@ -359,6 +359,20 @@ class SageMakerBackend(Backend):
             return self.instance_type
         return mapping.instance_type_for(resources.gpu_type, gpus)
 
+    def validate_instance_fallback(self, instance_types: Sequence[str]) -> None:
+        """Each type of an ordered preference must be a training instance SageMaker prices (``ml.`` added
+        where missing)."""
+        from gpu_provider.capacity.instances import known_instance_types
+
+        known = known_instance_types()
+        for instance_type in instance_types:
+            if mapping.training_instance(instance_type) not in known:
+                allowed = ", ".join(sorted(t for t in known if t.startswith("ml.")))
+                raise ValueError(
+                    f"resources.instance_types: {instance_type!r} is not a SageMaker training instance of the "
+                    f"price table; allowed: {allowed}"
+                )
+
     def validate(
         self,
         resources: GpuResources,
@@ -453,7 +467,11 @@ class SageMakerBackend(Backend):
         if command[1:]:
             algorithm["ContainerArguments"] = command[1:]
         resources: dict[str, Any] = {
-            "InstanceType": self.instance_type_for(request.resources),
+            "InstanceType": (
+                mapping.training_instance(request.instance_type)
+                if request.instance_type
+                else self.instance_type_for(request.resources)
+            ),
             "InstanceCount": request.resources.nodes,
             "VolumeSizeInGB": self.volume_size_gb,
         }

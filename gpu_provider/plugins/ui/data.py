@@ -168,6 +168,7 @@ class Attempt:
             "interruption": r.interruption,
             "restarts": r.restarts,
             "instance_type": (live.instance_type if live else None) or r.instance_type,
+            "usd_per_hour": (r.price or {}).get("usd_per_hour"),
             "gpus": round(self.gpus, 3),
             "gpus_per_node": round(self.gpus / max(1, nodes), 3),
             "nodes": nodes,

@@ -392,6 +392,16 @@ class BatchEmulator(JobRunner):
 
     # ------------------------------------------------------------------ fault injection
 
+    def create_queue(self, name: str, capacity: str = "on-demand") -> str:
+        """A job queue ``name`` on the spot or on-demand compute environment of :meth:`create_environment`
+        (e.g. one queue per instance type, for ``queues_by_instance_type``); an existing one is kept."""
+        setup = self.create_environment(fair_share=False)
+        batch = self.client("batch")
+        if not batch.describe_job_queues(jobQueues=[name])["jobQueues"]:
+            env = setup.spot_compute_environment if capacity == "spot" else setup.on_demand_compute_environment
+            _create_queue(batch, name, env)
+        return name
+
     def hold(self, queue: str, reason: str | None = None) -> None:
         """Keep jobs of ``queue`` (name or ARN) RUNNABLE, as with no capacity, until :meth:`release`.
 

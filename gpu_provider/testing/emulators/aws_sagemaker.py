@@ -232,17 +232,18 @@ class SageMakerEmulator(JobRunner):
 
     # ------------------------------------------------------------------ faults and inspection
 
-    def hold(self, capacity: str = "spot") -> None:
-        """Jobs of ``capacity`` (``spot``, ``on-demand``) wait in Starting until :meth:`release`."""
+    def hold(self, capacity: str = "spot", *, instance_type: str | None = None) -> None:
+        """Jobs of ``capacity`` (``spot``, ``on-demand``, or ``"*"`` for both) wait in Starting until
+        :meth:`release`; with ``instance_type`` (``ml.p5.48xlarge``), only jobs on that instance type."""
         with self._lock:
-            self._held.add(capacity)
+            self._held.add(f"{capacity}|{instance_type}" if instance_type else capacity)
 
-    def release(self, capacity: str | None = None) -> None:
+    def release(self, capacity: str | None = None, *, instance_type: str | None = None) -> None:
         with self._lock:
             if capacity is None:
                 self._held.clear()
             else:
-                self._held.discard(capacity)
+                self._held.discard(f"{capacity}|{instance_type}" if instance_type else capacity)
         self._nudge_waiting()
 
     def interrupt(self, name: str, *, restart: bool = True) -> None:

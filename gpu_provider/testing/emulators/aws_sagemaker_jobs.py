@@ -209,8 +209,9 @@ class JobRunner:
                 if self._waited_too_long(job):
                     self._end(job, "Stopped", "MaxWaitTimeExceeded", MESSAGES["MaxWaitTimeExceeded"])
                     return
+                instance_type = (job.request.get("ResourceConfig") or {}).get("InstanceType")
                 with self._lock:
-                    held = capacity in self._held
+                    held = bool({capacity, "*", f"{capacity}|{instance_type}", f"*|{instance_type}"} & self._held)
                 if not held or job.wake.is_set() or job.stop_kind is not None:
                     break
                 job.nudge.wait(self._until_max_wait(job))

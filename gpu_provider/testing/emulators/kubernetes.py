@@ -290,10 +290,13 @@ class KubernetesEmulator(PodRunner):
 
     # --- knobs for tests ----------------------------------------------------------------------------
 
-    def set_shortage(self, capacity_type: str, short: bool = True) -> None:
-        """No new node of ``capacity_type`` (``spot`` | ``on-demand``) comes up while short."""
+    def set_shortage(self, capacity_type: str, short: bool = True, *, instance_type: str | None = None) -> None:
+        """No new node of ``capacity_type`` (``spot`` | ``on-demand``, or ``"*"`` with ``instance_type``) comes up
+        while short; with ``instance_type``, only nodes of that type (a pod whose node affinity allows only
+        short types stays Pending)."""
+        key = f"{capacity_type}|{instance_type}" if instance_type else capacity_type
         with self._lock:
-            (self._shortage.add if short else self._shortage.discard)(capacity_type)
+            (self._shortage.add if short else self._shortage.discard)(key)
 
     def reclaim(self, pod_name: str, namespace: str = "default") -> str:
         """Take back the spot node ``pod_name`` runs on: every pod there gets ``DisruptionTarget``, is

@@ -207,7 +207,9 @@ class PodRunner:
     def _schedule(self, key: tuple[str, str], pod: dict[str, Any], now: float) -> None:
         selector = pod["spec"].get("nodeSelector") or {}
         capacity = selector.get(CAPACITY_TYPE, "on-demand")
-        if capacity in self._shortage:
+        allowed = _affinity_instance_types(pod)
+        free = [t for t in allowed if not {f"{capacity}|{t}", f"*|{t}"} & self._shortage]
+        if capacity in self._shortage or (allowed and not free):
             self._node_ready.pop(key, None)
             conditions = pod["status"]["conditions"]
             if not any(c["type"] == "PodScheduled" for c in conditions):
@@ -230,7 +232,7 @@ class PodRunner:
         labels = {
             CAPACITY_TYPE: capacity,
             NODEPOOL: selector.get(NODEPOOL, "default"),
-            INSTANCE_TYPE: selector.get(INSTANCE_TYPE, "g5.xlarge"),
+            INSTANCE_TYPE: selector.get(INSTANCE_TYPE) or (free[0] if free else "g5.xlarge"),
             GPU_NAME: selector.get(GPU_NAME, "a10g"),
             "kubernetes.io/hostname": node,
         }
@@ -492,3 +494,16 @@ class PodRunner:
                 "spec": spec,
             },
         )
+
+
+def _affinity_instance_types(pod: dict[str, Any]) -> list[str]:
+    """The instance types a pod's required node affinity allows (``node.kubernetes.io/instance-type In``)."""
+    required = ((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    out: list[str] = []
+    for term in required.get("nodeSelectorTerms") or []:
+        for expr in term.get("matchExpressions") or []:
+            if expr.get("key") == INSTANCE_TYPE and expr.get("operator") == "In":
+                out += [str(v) for v in expr.get("values") or []]
+    return out

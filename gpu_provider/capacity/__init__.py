@@ -1,0 +1,40 @@
+"""Capacity decisions, in one place: small policy objects the attempt engine asks, composed.
+
+- :mod:`~gpu_provider.capacity.policies`: which capacity (spot, on-demand) each attempt runs on and how
+  many interruptions a task absorbs (:class:`OnDemand`, :class:`Spot`, :class:`SpotFallback`);
+- :mod:`~gpu_provider.capacity.instances`: which instance type, from an ordered preference
+  (:class:`InstanceFallback`, composed into a policy with ``instances=``).
+
+The engine (:mod:`gpu_provider.engine.attempts`) asks the policy for the next :class:`Rung`; a backend
+only answers whether it can run a rung (``Backend.validate``, ``Backend.validate_instance_fallback``)
+and runs it (``Backend.submit`` with ``JobRequest.capacity`` and ``JobRequest.instance_type``).
+See ``docs/explanations/capacity-policies.md``.
+"""
+
+from __future__ import annotations
+
+from gpu_provider.capacity.instances import InstanceFallback, Rung, validate_instance_fallback
+from gpu_provider.capacity.policies import (
+    MAX_BACKOFF_S,
+    MAX_INTERRUPTIONS,
+    CapacityPolicy,
+    Interruption,
+    OnDemand,
+    Spot,
+    SpotFallback,
+    resolve_capacity,
+)
+
+__all__ = [
+    "MAX_BACKOFF_S",
+    "MAX_INTERRUPTIONS",
+    "CapacityPolicy",
+    "InstanceFallback",
+    "Interruption",
+    "OnDemand",
+    "Rung",
+    "Spot",
+    "SpotFallback",
+    "resolve_capacity",
+    "validate_instance_fallback",
+]
