@@ -62,7 +62,7 @@ class CapacityPolicy(ABC):
         0 to :data:`MAX_INTERRUPTIONS`.
     :param backoff: base delay before resubmitting after an interruption (a timedelta or seconds,
         0 to :data:`MAX_BACKOFF_S`); grows x2 per interruption, capped at 5 minutes, with full jitter.
-    :param instances: an :class:`~gpu_provider.capacity.InstanceFallback`: each capacity this policy
+    :param instances: an :class:`~gpu_provider.InstanceFallback`: each capacity this policy
         chooses tries ``resources.instance_types`` in their order, one attempt per type, the next type
         when capacity for one does not come (``docs/explanations/capacity-policies.md``). ``None``:
         ``instance_types`` is a set the backend picks from.
