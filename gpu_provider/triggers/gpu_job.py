@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 DEFAULT_EVENT_BACKSTOP_S = 60.0
 #: seconds the poller gathers events before polling the jobs they name
 EVENT_COALESCE_S = 0.2
+#: the shortest a trigger waits before it reads its last status again for the time-based rules
+MIN_RELOOK_S = 0.2
 
 #: event statuses, one per way an attempt's wait can end
 EVENT_STATUS_BY_STATE = {
@@ -395,13 +397,21 @@ class GpuJobTrigger(BaseTrigger):
             cost_limit=self.cost_limit,
             owner=self.owns_job,
         )
+        last: JobStatus | None = None
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), timeout=self._until_deadline())
-                except asyncio.TimeoutError:  # the deadline came while no status arrived
-                    yield self._event(DEADLINE_EVENT, None, self._deadline_message(backend, handle))
-                    return
+                    item = await asyncio.wait_for(queue.get(), timeout=self._next_look(last))
+                except asyncio.TimeoutError:
+                    if last is None or watch.past_deadline():  # the deadline came while no status arrived
+                        yield self._event(DEADLINE_EVENT, None, self._deadline_message(backend, handle))
+                        return
+                    # no news: while events flow the poller's full tick slows to its backstop, but the
+                    # time-based rules (capacity wait, queue timeout, budget) are this task's own and
+                    # run on its poll_interval, from the last status (unchanged, or an event would say)
+                    item = last
+                if isinstance(item, JobStatus):
+                    last = item
                 if isinstance(item, BaseException):
                     give_up = watch.failed_read(item)
                     if give_up:
@@ -436,6 +446,15 @@ class GpuJobTrigger(BaseTrigger):
         if self.deadline is None:
             return None
         return max(0.0, self.deadline - time.time())
+
+    def _next_look(self, last: JobStatus | None) -> float | None:
+        """How long to wait for the next status: until the execution deadline, and once a status is
+        known at most ``poll_interval`` (then the last status is read again for the time-based rules)."""
+        until = self._until_deadline()
+        if last is None:
+            return until
+        every = max(self.poll_interval, MIN_RELOOK_S)
+        return every if until is None else min(until, every)
 
     @staticmethod
     def _deadline_message(backend: Backend, handle: JobHandle) -> str:

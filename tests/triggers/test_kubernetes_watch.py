@@ -212,3 +212,29 @@ def test_changes_that_do_not_matter_to_a_poll_cost_none(kubernetes: KubernetesWo
     during, event_ticks, status = asyncio.run(scenario())
     assert during == 0, f"{during} polls for label patches"
     assert status == "succeeded" and event_ticks >= 2
+
+
+def test_a_spot_wait_ends_on_time_while_events_hold_the_full_tick_at_its_backstop(kubernetes: KubernetesWorld) -> None:
+    """While the watch is up, the poller's full tick slows to the backstop (60 s by default) and a pod
+    that waits for a node sends no event; its task's own time-based rules still run on its poll_interval
+    (before: the 1.5 s spot wait was seen only at the next backstop tick, a minute late)."""
+    kubernetes.emulator.set_shortage("spot")
+    backend = KubernetesBackend()
+    identity = JobIdentity(TaskKey("events", "spotwait", "manual__1"), try_number=1, attempt=1, capacity="spot")
+    request = JobRequest(identity, (sys.executable, "-c", "pass"), {}, GpuResources(), "spot", image="x")
+    handle = backend.submit(request)
+    trigger = GpuJobTrigger(
+        backend=backend.spec(), handle=handle.to_dict(), poll_interval=0.3, stream_logs=False, spot_wait_timeout=1.5
+    )
+
+    async def scenario() -> tuple[str, float, bool]:
+        started = time.monotonic()
+        async for event in trigger.run():
+            flowing = bool(SharedPoller._pollers) and poller_of(backend).flowing
+            return str(event.payload["status"]), time.monotonic() - started, flowing
+        raise AssertionError("the trigger ended without an event")
+
+    status, waited, flowing = asyncio.run(asyncio.wait_for(scenario(), 50))
+    assert status == "capacity_timeout"
+    assert flowing, "the watch was not up: this test is about the slowed tick"
+    assert waited < 20, f"the spot wait of 1.5 s ended after {waited:.1f}s"
