@@ -39,6 +39,7 @@ from typing import Any
 
 from gpu_provider.backends import _local_common as common
 from gpu_provider.backends._local_gpus import Allocation, allocate, format_devices, never_fits, release
+from gpu_provider.runtime.output import end_of_log_line
 
 #: how often the supervisor looks at its node processes (and at cancel requests)
 _TICK_S = 0.05
@@ -269,6 +270,7 @@ class Supervisor:
         self._stop_nodes(grace=self.grace if state != common.SUCCEEDED else 0.0)
         for pump in self.pumps:
             pump.join(_PUMP_JOIN_S)
+        self._mark_ends(nodes)
         try:
             self.collect_output()
         except OSError as err:
@@ -285,6 +287,13 @@ class Supervisor:
             exit_code = next((c for c in codes if c), None)
         self.note(f"job ended {state.upper()}" + (f": {reason}" if reason else ""))
         self.set_state(state, reason, exit_code=exit_code, exit_codes=codes, nodes=node_records, ended_at=time.time())
+
+    def _mark_ends(self, nodes: int) -> None:
+        """Each node's end-of-log marker, after all its output: the task stops reading the log at once."""
+        for rank, proc in enumerate(self.procs):
+            if proc.returncode is not None:
+                line = end_of_log_line(rank, nodes, _exit_code(proc.returncode))
+                self.log.write(f"[node {rank}] ".encode(), line.encode() + b"\n")
 
     @property
     def output_file(self) -> Path:

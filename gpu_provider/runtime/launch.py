@@ -1,4 +1,4 @@
-"""Entry wrapper that normalises the rendezvous variables, then runs the job's command in their place.
+"""Entry wrapper that normalises the rendezvous variables, runs the job's command and marks the log's end.
 
 Use it as the container's command (or in front of ``torchrun``) on any backend::
 
@@ -6,8 +6,12 @@ Use it as the container's command (or in front of ``torchrun``) on any backend::
 
 It reads the environment with :func:`~gpu_provider.runtime.job_env` (AWS Batch multi-node,
 SageMaker hosts, Kubernetes indexed Jobs, our own variables), writes ``NNODES``, ``NODE_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT`` into the command's environment, and replaces itself with the
-command (``exec``), so signals reach the command directly and its exit status is the job's.
+``MASTER_ADDR`` and ``MASTER_PORT`` into the command's environment and runs the command as its child
+(same process group, same stdout and stderr), passing on SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2.
+When the command exits it prints one last line to stdout, the end-of-log marker
+``gpu_provider: end-of-log node=<NODE_RANK> nnodes=<NNODES> exit=<status>`` (see
+:data:`gpu_provider.names.END_OF_LOG`), so the task stops reading the log as soon as every node's
+marker is in, and exits with the command's status (128 + N for a command ended by signal N).
 Shell-style parameters such as ``"$NNODES"`` must be expanded by a shell *after* this wrapper, e.g.
 ``... launch -- sh -c 'torchrun --nnodes "$NNODES" ...'``.
 
@@ -18,21 +22,60 @@ command is not found, 126 when it cannot be executed.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Sequence
+from types import FrameType
 
 from gpu_provider.runtime.env import export_torchrun_env, job_env
+from gpu_provider.runtime.output import end_of_log_line
 
 USAGE = "usage: python -m gpu_provider.runtime.launch -- <command> [args...]"
 _PREFIX = "gpu_provider.runtime.launch"
+#: signals passed on to the command (SIGKILL cannot be caught: the backend sends it to the whole group)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def exit_status(returncode: int) -> int:
+    """A child's ``returncode`` as a shell reports it: 128 + N for a command ended by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_marked(args: Sequence[str], env: dict[str, str], node: int, nnodes: int) -> int:
+    """Run ``args`` as a child, pass signals on, print the end-of-log marker; the command's exit status.
+
+    :raises OSError: the command cannot be started (``FileNotFoundError`` when it does not exist).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = subprocess.Popen(list(args), env=env)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        while True:
+            try:
+                code = exit_status(child.wait())
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for safety
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(end_of_log_line(node, nnodes, code), flush=True)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Normalise the environment and ``exec`` the command; returns only when the command cannot start.
+    """Normalise the environment, run the command and print the end-of-log marker.
 
     :param argv: the arguments after the module name; ``sys.argv[1:]`` when ``None``. A leading
         ``--`` separates the command from this wrapper and is dropped.
-    :return: 2, 126 or 127 as described in the module documentation.
+    :return: the command's exit status; 2, 126 or 127 as described in the module documentation.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--":
@@ -53,10 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     child_env = {**os.environ, **rendezvous}
     print(f"{_PREFIX}: " + " ".join(f"{k}={v}" for k, v in rendezvous.items()), file=sys.stderr)
 
-    sys.stdout.flush()
-    sys.stderr.flush()
     try:
-        os.execvpe(args[0], args, child_env)
+        return run_marked(args, child_env, int(rendezvous["NODE_RANK"]), int(rendezvous["NNODES"]))
     except FileNotFoundError:
         print(f"{_PREFIX}: command not found: {args[0]!r}", file=sys.stderr)
         return 127

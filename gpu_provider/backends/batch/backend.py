@@ -73,7 +73,7 @@ from gpu_provider.backends.batch.mapping import (
     tag_number,
     unrunnable,
 )
-from gpu_provider.backends.common import keep_bounded, run_bounded, text_option
+from gpu_provider.backends.common import END_OF_LOG_ENTRY, keep_bounded, run_bounded, text_option
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 
@@ -104,11 +104,12 @@ TAIL_STREAMS = 8
 
 #: the multi-node entry wrapper: POSIX sh only, so it works in any image with /bin/sh. It derives
 #: NODE_RANK and MASTER_ADDR from Batch's variables (the main node, which Batch does not tell its
-#: own address, uses loopback: its rendezvous store listens on every interface), then execs the command.
+#: own address, uses loopback: its rendezvous store listens on every interface), then runs the command
+#: and prints the end-of-log marker when it exits (``END_OF_LOG_ENTRY``).
 MULTI_NODE_ENTRY = (
     'export NODE_RANK="${AWS_BATCH_JOB_NODE_INDEX:-0}"; '
     'export MASTER_ADDR="${AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS:-127.0.0.1}"; '
-    'exec "$@"'
+    + END_OF_LOG_ENTRY
 )
 
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
