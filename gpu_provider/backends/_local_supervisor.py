@@ -293,7 +293,7 @@ class Supervisor:
         for rank, proc in enumerate(self.procs):
             if proc.returncode is not None:
                 line = end_of_log_line(rank, nodes, _exit_code(proc.returncode))
-                self.log.write(f"[node {rank}] ".encode(), line.encode() + b"\n")
+                self.log.write(b"[local] ", line.encode() + b"\n")  # the supervisor's line: it names the node
 
     @property
     def output_file(self) -> Path:

@@ -18,6 +18,7 @@ from gpu_provider import names
 from gpu_provider.backends.base import JobHandle, JobState, LogChunk
 from gpu_provider.backends.batch import MULTI_NODE_ENTRY as BATCH_ENTRY
 from gpu_provider.backends.batch import BatchBackend
+from gpu_provider.backends.common import END_OF_LOG_COMMAND
 from gpu_provider.backends.sagemaker.backend import MULTI_NODE_ENTRY as SAGEMAKER_ENTRY
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.runtime.output import EndOfLog, end_of_log_line, parse_end_of_log
@@ -42,7 +43,7 @@ def test_the_marker_has_one_format_and_nothing_else_parses_as_one() -> None:
     line = end_of_log_line(1, 2, 143)
     assert line == f"{names.END_OF_LOG} node=1 nnodes=2 exit=143"
     assert parse_end_of_log(line) == EndOfLog(1, 2, 143)
-    assert parse_end_of_log(f"[node 1] {line}") == EndOfLog(1, 2, 143)  # the local backend's prefix
+    assert parse_end_of_log(f"[local] {line}") == EndOfLog(1, 2, 143)  # the local backend's prefix
     for other in (
         "gpu_provider: output_uri=s3://b/k",
         f"{names.END_OF_LOG} node=2 nnodes=2 exit=0",  # no node 2 in a job of two
@@ -68,11 +69,14 @@ class _Logs(ScriptedBackend):
 
 
 def _handle() -> JobHandle:
-    return JobHandle(backend="scripted", job_id="j1", name="j1", attempt=1, capacity=names.ON_DEMAND, submitted_at=time.time())
+    return JobHandle(
+        backend="scripted", job_id="j1", name="j1", attempt=1, capacity=names.ON_DEMAND, submitted_at=time.time()
+    )
 
 
 def test_the_reader_stops_at_the_markers_of_every_node_without_the_settle_wait(
-    scripted: type[ScriptedBackend], caplog: pytest.LogCaptureFixture
+    scripted: type[ScriptedBackend],  # noqa: F811 (the fixture)
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     _Logs.reads, _Logs.late = 0, ["never read: the markers said the log had ended"]
     ScriptedBackend.log_lines["j1"] = [
@@ -94,7 +98,8 @@ def test_the_reader_stops_at_the_markers_of_every_node_without_the_settle_wait(
 
 
 def test_without_markers_of_every_node_the_reader_waits_for_late_lines(
-    scripted: type[ScriptedBackend], caplog: pytest.LogCaptureFixture
+    scripted: type[ScriptedBackend],  # noqa: F811 (the fixture)
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # node 1's marker is missing (killed before it could print it): the reader must not trust node 0's alone
     _Logs.reads, _Logs.late = 0, ["a late line"]
@@ -109,7 +114,8 @@ def test_without_markers_of_every_node_the_reader_waits_for_late_lines(
 
 
 def test_a_job_without_the_helper_still_gets_its_late_lines(
-    scripted: type[ScriptedBackend], caplog: pytest.LogCaptureFixture
+    scripted: type[ScriptedBackend],  # noqa: F811 (the fixture)
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     _Logs.reads, _Logs.late = 0, ["a late line"]
     ScriptedBackend.log_lines["j1"] = ["early"]
@@ -176,7 +182,7 @@ def test_the_multi_node_entry_passes_sigterm_on_and_still_marks_the_end(entry: s
     )
     env = {"PATH": "/usr/bin:/bin", "NNODES": "2", "AWS_BATCH_JOB_NODE_INDEX": "1"}
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", entry, "gpu-provider-entry", sys.executable, "-c", code],
+        ["/bin/sh", "-c", entry, "gpu-provider-entry", *END_OF_LOG_COMMAND, sys.executable, "-c", code],
         stdout=subprocess.PIPE,
         text=True,
         env=env,

@@ -73,7 +73,7 @@ from gpu_provider.backends.batch.mapping import (
     tag_number,
     unrunnable,
 )
-from gpu_provider.backends.common import END_OF_LOG_ENTRY, keep_bounded, run_bounded, text_option
+from gpu_provider.backends.common import END_OF_LOG_COMMAND, keep_bounded, run_bounded, text_option
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 
@@ -104,12 +104,12 @@ TAIL_STREAMS = 8
 
 #: the multi-node entry wrapper: POSIX sh only, so it works in any image with /bin/sh. It derives
 #: NODE_RANK and MASTER_ADDR from Batch's variables (the main node, which Batch does not tell its
-#: own address, uses loopback: its rendezvous store listens on every interface), then runs the command
-#: and prints the end-of-log marker when it exits (``END_OF_LOG_ENTRY``).
+#: own address, uses loopback: its rendezvous store listens on every interface), then execs the command
+#: through the end-of-log entry (``END_OF_LOG_COMMAND``), which marks where each node's log ends.
 MULTI_NODE_ENTRY = (
     'export NODE_RANK="${AWS_BATCH_JOB_NODE_INDEX:-0}"; '
     'export MASTER_ADDR="${AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS:-127.0.0.1}"; '
-    + END_OF_LOG_ENTRY
+    'exec "$@"'
 )
 
 _JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
@@ -317,7 +317,7 @@ class BatchBackend(Backend):
         memory = res.memory_mib if res.memory_mib is not None else DEFAULT_MEMORY_MIB_PER_GPU * gpus
         command = list(request.command)
         if res.nodes > 1 and self.multi_node_entry:
-            command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *command]
+            command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *END_OF_LOG_COMMAND, *command]
         container: dict[str, Any] = {
             "image": request.image,
             "command": command,

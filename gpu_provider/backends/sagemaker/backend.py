@@ -58,7 +58,7 @@ from gpu_provider.backends.base import (
     provider_config,
     task_from_tags,
 )
-from gpu_provider.backends.common import END_OF_LOG_ENTRY, list_option, run_bounded, text_option
+from gpu_provider.backends.common import END_OF_LOG_COMMAND, list_option, run_bounded, text_option
 from gpu_provider.backends.sagemaker import mapping
 from gpu_provider.backends.sagemaker.cache import FULL_DESCRIBE_EVERY, JobCache
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
@@ -102,13 +102,12 @@ TAG_STOP_REASON = names.TAG_PREFIX + "stop-reason"
 
 #: the multi-node entry wrapper: POSIX sh and sed only. SageMaker names its hosts algo-1 ... algo-N and
 #: tells each container its own in resourceconfig.json: NODE_RANK = n - 1, and the rendezvous runs on
-#: algo-1 (unless the environment names another MASTER_ADDR). Then it runs the command and prints the
-#: end-of-log marker when it exits (``END_OF_LOG_ENTRY``).
+#: algo-1 (unless the environment names another MASTER_ADDR). Then it execs the command through
+#: the end-of-log entry (``END_OF_LOG_COMMAND``), which marks where each node's log ends.
 MULTI_NODE_ENTRY = (
     'c="${SM_INPUT_CONFIG_DIR:-/opt/ml/input/config}/resourceconfig.json"; '
     'n=$(sed -n \'s/.*"current_host": *"algo-\\([0-9]*\\)".*/\\1/p\' "$c"); '
-    'export NODE_RANK=$((${n:-1} - 1)); export MASTER_ADDR="${MASTER_ADDR:-algo-1}"; '
-    + END_OF_LOG_ENTRY
+    'export NODE_RANK=$((${n:-1} - 1)); export MASTER_ADDR="${MASTER_ADDR:-algo-1}"; exec "$@"'
 )
 
 #: the entry that reads ``secrets=`` in the job with the training role (gpu_provider.runtime.secrets)
@@ -439,7 +438,7 @@ class SageMakerBackend(Backend):
         if self.secrets:
             command = [*SECRETS_ENTRY, *command]
         if request.resources.nodes > 1 and self.multi_node_entry:
-            command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *command]
+            command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *END_OF_LOG_COMMAND, *command]
         for i, arg in enumerate(command):
             if len(arg) > MAX_ARGUMENT_CHARS:
                 raise ValueError(
