@@ -33,7 +33,24 @@ CAPACITY_TIMEOUT = "capacity_timeout"
 """The attempt waited for capacity longer than its policy allows (given up by us or by the service)."""
 LOST = "lost"
 """The service no longer knows the job (expired or deleted): nobody can tell how it ended."""
-INTERRUPTION_KINDS = (PREEMPTED, CAPACITY_TIMEOUT, LOST)
+NODE_FAULT = "node_fault"
+"""The hardware under the job failed (a GPU XID or uncorrectable ECC error, a GPU fallen off the bus, an
+NCCL watchdog timeout on a multi-node job, an unhealthy node or host): its own budget
+(``max_node_faults``), resubmitted on fresh hardware and resumed from the checkpoint."""
+INTERRUPTION_KINDS = (PREEMPTED, CAPACITY_TIMEOUT, LOST, NODE_FAULT)
+
+# --- node faults: what failed under the job (``JobStatus.fault``) --------------------------------
+FAULT_XID = "xid"
+"""The NVIDIA driver logged an Xid error for the GPU (``NVRM: Xid``)."""
+FAULT_ECC = "ecc"
+"""An uncorrectable ECC error in GPU memory."""
+FAULT_GPU_LOST = "gpu_lost"
+"""The GPU fell off the bus or is lost to the driver."""
+FAULT_NCCL_TIMEOUT = "nccl_timeout"
+"""PyTorch's NCCL watchdog timed out a collective on a multi-node job (a peer or link went away)."""
+FAULT_NODE_UNHEALTHY = "node_unhealthy"
+"""The service says the node, host or GPU device is unhealthy (Kubernetes, Batch, SageMaker)."""
+FAULT_KINDS = (FAULT_XID, FAULT_ECC, FAULT_GPU_LOST, FAULT_NCCL_TIMEOUT, FAULT_NODE_UNHEALTHY)
 
 # --- trigger events: one per way an attempt's wait can end --------------------------------------
 EVENT_SUCCEEDED = "succeeded"

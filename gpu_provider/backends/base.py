@@ -231,6 +231,12 @@ class JobStatus:
     """The Airflow try that owns this attempt, as marked on the job (:meth:`Backend.mark`)."""
     collected: bool = False
     """Whether a try already collected this attempt's outcome, as marked on the job."""
+    fault: str | None = None
+    """For ``interruption="node_fault"``: what failed under the job (:data:`gpu_provider.names.FAULT_KINDS`);
+    the engine fails an attempt as the job's own error when the one before it ended with the same fault."""
+    node: str | None = None
+    """The node, host or instance the attempt ran on, where the service says (Kubernetes: the pod's
+    ``spec.nodeName``): a resubmission after a node fault keeps away from it where the backend can."""
     never_starts: str | None = None
     """For a ``QUEUED`` attempt: the service's reason why it can never start as submitted (AWS Batch
     ``MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT``), else ``None``. A read only reports it: the task that
