@@ -51,6 +51,10 @@ FAULT_NCCL_TIMEOUT = "nccl_timeout"
 FAULT_NODE_UNHEALTHY = "node_unhealthy"
 """The service says the node, host or GPU device is unhealthy (Kubernetes, Batch, SageMaker)."""
 FAULT_KINDS = (FAULT_XID, FAULT_ECC, FAULT_GPU_LOST, FAULT_NCCL_TIMEOUT, FAULT_NODE_UNHEALTHY)
+NODE_FAULT_EXIT_CODES = {FAULT_XID: 171, FAULT_ECC: 172, FAULT_GPU_LOST: 173, FAULT_NCCL_TIMEOUT: 174}
+"""The runtime helper's exit status for a command that failed after its output reported a GPU hardware
+fault (``python -m gpu_provider.runtime.launch``): every backend reads the exit code the service reports
+(Batch ``exitCode``, SageMaker's ``exit code:`` in ``FailureReason``, a pod's terminated ``exitCode``)."""
 
 # --- trigger events: one per way an attempt's wait can end --------------------------------------
 EVENT_SUCCEEDED = "succeeded"

@@ -146,6 +146,10 @@ class JobRequest:
     capacity_wait_s: float | None = None
     """How long this attempt may wait for capacity (the policy's spot wait), for services that enforce
     it themselves (SageMaker ``MaxWaitTimeInSeconds``); the watch enforces it on every backend too."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes this attempt must not run on: those where earlier attempts of the run hit a GPU hardware fault
+    (``node_fault``). Kubernetes keeps away from them by node anti-affinity; on AWS Batch and SageMaker
+    (which do not let a job name a host to avoid) and locally it is ignored."""
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITY_TYPES:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from gpu_provider.names import FAULT_ECC, FAULT_GPU_LOST, FAULT_NCCL_TIMEOUT, FAULT_XID
+from gpu_provider.names import FAULT_ECC, FAULT_GPU_LOST, FAULT_NCCL_TIMEOUT, FAULT_XID, NODE_FAULT_EXIT_CODES
 
 
 class OutputFault(NamedTuple):
@@ -54,4 +54,12 @@ def fault_in_line(line: str, *, nodes: int = 1) -> str | None:
             continue
         if row.pattern.search(line):
             return row.kind
+    return None
+
+
+def fault_of_exit_code(code: int | None) -> str | None:
+    """The fault kind the runtime helper's exit status reports (:data:`~gpu_provider.names.NODE_FAULT_EXIT_CODES`)."""
+    for kind, value in NODE_FAULT_EXIT_CODES.items():
+        if code == value:
+            return kind
     return None

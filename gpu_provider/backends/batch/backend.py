@@ -68,6 +68,7 @@ from gpu_provider.backends.batch.mapping import (
     exit_code,
     job_gpus,
     job_nodes,
+    node_fault,
     refine_failure,
     seconds_from_ms,
     tag_number,
@@ -631,6 +632,7 @@ class BatchBackend(Backend):
             gpu_seconds=gpu_seconds,
             log_url=log_url,
             interruption=interruption,
+            fault=node_fault(job) if interruption == names.NODE_FAULT else None,
             capacity=handle.capacity,  # the attempt's queue decides it (Batch does not report it per job)
             owner_try=int(owner) if owner.isdigit() else None,
             collected=str(tags.get(names.TAG_COLLECTED) or "").lower() == "true",

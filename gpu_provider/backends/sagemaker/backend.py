@@ -719,11 +719,13 @@ class SageMakerBackend(Backend):
         seen = mapping.transitions(job)
         last_message = str(seen[-1].get("StatusMessage") or "") if seen else ""
         failure = str(job.get("FailureReason") or "")
-        reason, interruption, code = "", None, None
+        reason, interruption, code, fault = "", None, None, None
         if state is JobState.FAILED:
             code = mapping.exit_code(failure)
             reason = failure or last_message or "no reason given"
-            interruption = mapping.failure_interruption(failure)
+            nodes = int((job.get("ResourceConfig") or {}).get("InstanceCount") or 1)
+            interruption = mapping.failure_interruption(failure, nodes=nodes)
+            fault = mapping.failure_fault(failure, nodes=nodes) if interruption == names.NODE_FAULT else None
             if interruption == names.CAPACITY_TIMEOUT:
                 instance = (job.get("ResourceConfig") or {}).get("InstanceType")
                 reason = (
@@ -785,6 +787,7 @@ class SageMakerBackend(Backend):
             output_uri=str(output) if output else None,
             log_url=mapping.logs_console_url(str(handle.extra.get("region") or self.region), handle.name),
             interruption=interruption,
+            fault=fault,
             restarts=restarts,
             queued_since=mapping.queued_since(job) if state is JobState.QUEUED else None,
             billable_seconds=float(billable) if billable is not None else None,
