@@ -727,7 +727,9 @@ class SageMakerBackend(Backend):
             interruption = mapping.failure_interruption(failure, nodes=nodes)
             fault = mapping.failure_fault(failure, nodes=nodes) if interruption == names.NODE_FAULT else None
             if fault is not None:
-                reason = f"SageMaker reports a GPU hardware or instance fault ({fault}), not the job's own error: {reason}"
+                reason = (
+                    f"SageMaker reports a GPU hardware or instance fault ({fault}), not the job's own error: {reason}"
+                )
             if interruption == names.CAPACITY_TIMEOUT:
                 instance = (job.get("ResourceConfig") or {}).get("InstanceType")
                 reason = (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpu_provider import names
-from gpu_provider.backends.base import JobHandle, JobState
+from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, TaskKey
 from gpu_provider.backends.batch import mapping as batch_mapping
 from gpu_provider.backends.kubernetes import KubernetesBackend
 from gpu_provider.backends.kubernetes import mapping as k8s_mapping
@@ -21,10 +21,16 @@ from gpu_provider.backends.sagemaker import SageMakerBackend
 from gpu_provider.backends.sagemaker import mapping as sm_mapping
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Submit
 from gpu_provider.exceptions import GpuJobFailedError, GpuJobInterruptionBudgetError
+from gpu_provider.job import GpuResources
 from gpu_provider.records import AttemptRecord
 from gpu_provider.recovery import OnDemand, SpotFallback
 from gpu_provider.runtime.faults import OUTPUT_FAULTS, fault_in_line, fault_of_exit_code
+from gpu_provider.testing.dagrun import wait_for
+from gpu_provider.testing.worlds import SageMakerWorld
+from tests.backends.contract.worlds import LONG_JOB, BatchBackendWorld, SageMakerBackendWorld, wait_ended, wait_state
 from tests.backends.test_kubernetes_manifests import request as k8s_request
+from tests.batch_world import BatchWorld
+from tests.kubernetes_world import KubernetesWorld
 
 # --- the job's own output (the runtime helper's table) ----------------------------------------------
 
@@ -270,3 +276,59 @@ def test_the_node_fault_budget_is_its_own() -> None:
 def test_max_node_faults_is_validated_like_max_interruptions(bad: Any) -> None:
     with pytest.raises((TypeError, ValueError), match=r"capacity\.max_node_faults=.* must be an integer from 0 to 100"):
         OnDemand(max_node_faults=bad)
+
+
+# --- the emulators report the service's own node faults ---------------------------------------------
+
+
+def _ended(backend: Any, handle: JobHandle) -> Any:
+    def read() -> Any:
+        status = backend.poll([handle])[handle.job_id]
+        assert not isinstance(status, Exception), status
+        return status if status.state.terminal else None
+
+    return wait_for(read, 60, f"job {handle.job_id} to end")
+
+
+@pytest.mark.parametrize(
+    "row", batch_mapping.NODE_FAULT_TABLE, ids=[r.example[:30] for r in batch_mapping.NODE_FAULT_TABLE]
+)
+def test_the_batch_emulator_fails_a_host_and_the_backend_reads_a_node_fault(
+    batch: BatchWorld, row: batch_mapping.NodeFaultRow
+) -> None:
+    world = BatchBackendWorld(batch)
+    backend = world.backend()
+    handle = backend.submit(world.request("host-fault", LONG_JOB))
+    wait_for(lambda: backend.poll([handle])[handle.job_id].state is JobState.RUNNING, 60, "the job to run")
+    batch.emulator.fail_host(handle.job_id, row.example)
+    status = _ended(backend, handle)
+    assert (status.state, status.interruption, status.fault) == (JobState.FAILED, names.NODE_FAULT, row.fault)
+
+
+def test_the_sagemaker_emulator_s_internal_error_is_a_node_fault(sagemaker: SageMakerWorld) -> None:
+    world = SageMakerBackendWorld(sagemaker)
+    backend = world.backend()
+    handle = backend.submit(world.request("internal", LONG_JOB))
+    sagemaker.emulator.fail(handle.job_id, sm_mapping.NODE_FAULT_REASONS["InternalServerError:"][1])
+    status = _ended(backend, handle)
+    assert (status.state, status.interruption, status.fault) == (
+        JobState.FAILED,
+        names.NODE_FAULT,
+        names.FAULT_NODE_UNHEALTHY,
+    )
+
+
+def test_the_kubernetes_emulator_s_unhealthy_gpu_is_a_node_fault_on_its_node(kubernetes: KubernetesWorld) -> None:
+    backend = KubernetesBackend()
+    identity = JobIdentity(TaskKey("k8s_gpu_fault", "job", "manual__1"), try_number=1, attempt=1, capacity="spot")
+    handle = backend.submit(JobRequest(identity, LONG_JOB, {}, GpuResources(), "spot", image="x"))
+    wait_state(backend, handle, JobState.RUNNING)
+    node = kubernetes.emulator.get("pods", handle.name)["spec"]["nodeName"]  # type: ignore[index]
+    kubernetes.emulator.fail_gpu(handle.name)
+    status = wait_ended(backend, handle)
+    assert (status.state, status.interruption, status.fault) == (
+        JobState.FAILED,
+        names.NODE_FAULT,
+        names.FAULT_NODE_UNHEALTHY,
+    )
+    assert status.node == node and f"on node {node}" in status.reason
