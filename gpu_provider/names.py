@@ -124,6 +124,6 @@ often as the capacity policy tolerates (an interruption: the policy's next attem
 END_OF_LOG = "gpu_provider: end-of-log"
 """Start of the line the runtime helper (``python -m gpu_provider.runtime.launch``), the multi-node entries
 of Batch and SageMaker and the local backend's supervisor print when the job's command exits on a node:
-``gpu_provider: end-of-log node=<rank> nnodes=<nodes> exit=<code>`` (format and parse in
+``gpu_provider: end-of-log node=<rank> nnodes=<nodes> exit=<code>[ fault=<kind>]`` (format and parse in
 :mod:`gpu_provider.runtime.output`). Once the log forwarder has it from every node it stops reading;
 jobs without it get the backend's ``log_settle_s`` wait for late lines."""

@@ -122,7 +122,7 @@ class LogForwarder:
         for line in lines:
             end = parse_end_of_log(line)
             if end is not None:
-                self._ended(end.node, end.nnodes, end.exit_code)
+                self._ended(end.node, end.nnodes, end.exit_code, end.fault)
                 continue
             if not self.copy:
                 continue
@@ -134,19 +134,20 @@ class LogForwarder:
             self.copied_bytes += size
             self.log.info("[job] %s", line)
 
-    def _ended(self, node: int, nnodes: int, exit_code: int) -> None:
+    def _ended(self, node: int, nnodes: int, exit_code: int, fault: str | None = None) -> None:
         if node in self.node_ends:
             return  # a node's marker read twice (a wrapper inside a wrapper): said once
         self.node_ends[node] = exit_code
         self.nnodes = max(self.nnodes or 0, nnodes)
         if self.copy:
             self.log.info(
-                "%s job %s: the command on node %d of %d exited with status %d.",
+                "%s job %s: the command on node %d of %d exited with status %d%s.",
                 self.backend.name,
                 self.handle.job_id,
                 node,
                 nnodes,
                 exit_code,
+                f", after a GPU hardware fault ({fault})" if fault else "",
             )
 
     def settle(self, seconds: float | None = None) -> None:

@@ -55,15 +55,20 @@ class EndOfLog:
     node: int
     nnodes: int
     exit_code: int
+    fault: str | None = None
+    """The GPU hardware fault the runtime helper saw in the node's output, when the command failed after it."""
 
 
 #: the whole marker, at the end of a line (a backend may put a prefix such as ``[node 1] `` before it)
-_END_OF_LOG = re.compile(re.escape(END_OF_LOG) + r" node=(\d{1,6}) nnodes=(\d{1,6}) exit=(-?\d{1,4})\s*$")
+_END_OF_LOG = re.compile(
+    re.escape(END_OF_LOG) + r" node=(\d{1,6}) nnodes=(\d{1,6}) exit=(-?\d{1,4})(?: fault=([a-z_]{1,32}))?\s*$"
+)
 
 
-def end_of_log_line(node: int, nnodes: int, exit_code: int) -> str:
-    """The marker line for ``node`` of ``nnodes`` whose command exited with ``exit_code``."""
-    return f"{END_OF_LOG} node={node} nnodes={nnodes} exit={exit_code}"
+def end_of_log_line(node: int, nnodes: int, exit_code: int, *, fault: str | None = None) -> str:
+    """The marker line for ``node`` of ``nnodes`` whose command exited with ``exit_code`` (after the GPU
+    hardware fault ``fault``, when the runtime helper saw one)."""
+    return f"{END_OF_LOG} node={node} nnodes={nnodes} exit={exit_code}" + (f" fault={fault}" if fault else "")
 
 
 def parse_end_of_log(line: str) -> EndOfLog | None:
@@ -76,4 +81,4 @@ def parse_end_of_log(line: str) -> EndOfLog | None:
     node, nnodes, code = int(found[1]), int(found[2]), int(found[3])
     if nnodes < 1 or node >= nnodes:
         return None
-    return EndOfLog(node, nnodes, code)
+    return EndOfLog(node, nnodes, code, found[4])

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from gpu_provider import names
+
 PRINT_ENV_AND_EXIT_7 = (
     "import json, os, sys; "
     "names = ('NNODES', 'NODE_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'SM_HOSTS'); "
@@ -82,3 +84,31 @@ def test_a_stop_reaches_the_command_and_the_end_is_still_marked(child_env: EnvFa
             proc.wait()
     assert proc.returncode == 5
     assert out.strip().splitlines()[-1] == "gpu_provider: end-of-log node=0 nnodes=1 exit=5"
+
+
+XID_AND_FAIL = (
+    "import sys; print('step 12', flush=True); "
+    "print('NVRM: Xid (PCI:0000:3b:00): 79, pid=2811, GPU has fallen off the bus.', file=sys.stderr, flush=True); "
+    "sys.exit(1)"
+)
+
+
+def test_a_gpu_fault_in_the_output_of_a_failed_command_becomes_its_exit_code(
+    run_python: Runner, child_env: EnvFactory
+) -> None:
+    result = run_python(
+        ["-m", "gpu_provider.runtime.launch", "--", sys.executable, "-c", XID_AND_FAIL], env=child_env()
+    )
+    assert result.returncode == names.NODE_FAULT_EXIT_CODES[names.FAULT_GPU_LOST], result.stderr
+    # the output still reaches the log, where it was written
+    assert "step 12" in result.stdout and "GPU has fallen off the bus" in result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "gpu_provider: end-of-log node=0 nnodes=1 exit=1 fault=gpu_lost"
+
+
+def test_a_command_that_succeeds_despite_a_gpu_message_keeps_its_status(
+    run_python: Runner, child_env: EnvFactory
+) -> None:
+    code = XID_AND_FAIL.replace("sys.exit(1)", "sys.exit(0)")
+    result = run_python(["-m", "gpu_provider.runtime.launch", "--", sys.executable, "-c", code], env=child_env())
+    assert result.returncode == 0
+    assert result.stdout.strip().splitlines()[-1] == "gpu_provider: end-of-log node=0 nnodes=1 exit=0"

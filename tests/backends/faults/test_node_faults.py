@@ -6,6 +6,7 @@ anti-affinity to the faulty node."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from typing import Any
 
@@ -332,3 +333,14 @@ def test_the_kubernetes_emulator_s_unhealthy_gpu_is_a_node_fault_on_its_node(kub
         names.FAULT_NODE_UNHEALTHY,
     )
     assert status.node == node and f"on node {node}" in status.reason
+
+
+def test_a_batch_job_run_through_the_runtime_helper_reports_the_gpu_fault_in_its_output(batch: BatchWorld) -> None:
+    world = BatchBackendWorld(batch)
+    backend = world.backend()
+    code = "import sys; print('RuntimeError: CUDA error: uncorrectable ECC error encountered', flush=True); sys.exit(1)"
+    command = [sys.executable, "-m", "gpu_provider.runtime.launch", "--", sys.executable, "-c", code]
+    handle = backend.submit(world.request("ecc", command))
+    status = _ended(backend, handle)
+    assert (status.state, status.interruption, status.fault) == (JobState.FAILED, names.NODE_FAULT, names.FAULT_ECC)
+    assert status.exit_code == names.NODE_FAULT_EXIT_CODES[names.FAULT_ECC]
