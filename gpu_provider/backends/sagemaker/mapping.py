@@ -29,8 +29,9 @@ Any other pair is an error naming it (:func:`~gpu_provider.backends.base.map_sta
 **Failure reasons** (:data:`FAILURE_REASONS`): a ``Failed`` job's ``FailureReason`` prefix says whose
 fault it was. ``CapacityError:`` (SageMaker could not provision the instances) is a capacity
 problem, an interruption the capacity policy absorbs like a spot wait that ran out
-(``capacity_timeout``), not the job's own error; any other reason is the job's failure, which goes
-to Airflow's retries. :data:`INTERRUPTIONS` names the state pairs that are interruptions by
+(``capacity_timeout``), not the job's own error; ``InternalServerError:`` and the GPU hardware faults
+of :data:`NODE_FAULT_REASONS` are node faults (``node_fault``, resubmitted on fresh instances); any
+other reason is the job's failure, which goes to Airflow's retries. :data:`INTERRUPTIONS` names the state pairs that are interruptions by
 themselves. Each row of the three tables is a test (``tests/backends/faults/test_classification_sagemaker.py``).
 
 A restart inside the job is counted from ``SecondaryStatusTransitions``: every ``Interrupted``
