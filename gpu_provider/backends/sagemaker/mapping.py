@@ -31,8 +31,8 @@ fault it was. ``CapacityError:`` (SageMaker could not provision the instances) i
 problem, an interruption the capacity policy absorbs like a spot wait that ran out
 (``capacity_timeout``), not the job's own error; ``InternalServerError:`` and the GPU hardware faults
 of :data:`NODE_FAULT_REASONS` are node faults (``node_fault``, resubmitted on fresh instances); any
-other reason is the job's failure, which goes to Airflow's retries. :data:`INTERRUPTIONS` names the state pairs that are interruptions by
-themselves. Each row of the three tables is a test (``tests/backends/faults/test_classification_sagemaker.py``).
+other reason is the job's failure, which goes to Airflow's retries. :data:`INTERRUPTIONS` names the
+state pairs that are interruptions by themselves. Each row of the three tables is a test (``tests/backends/faults/test_classification_sagemaker.py``).
 
 A restart inside the job is counted from ``SecondaryStatusTransitions``: every ``Interrupted``
 transition is one spot reclaim SageMaker absorbed (:func:`restarts`).
