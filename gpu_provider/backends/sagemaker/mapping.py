@@ -32,7 +32,8 @@ problem, an interruption the capacity policy absorbs like a spot wait that ran o
 (``capacity_timeout``), not the job's own error; ``InternalServerError:`` and the GPU hardware faults
 of :data:`NODE_FAULT_REASONS` are node faults (``node_fault``, resubmitted on fresh instances); any
 other reason is the job's failure, which goes to Airflow's retries. :data:`INTERRUPTIONS` names the
-state pairs that are interruptions by themselves. Each row of the three tables is a test (``tests/backends/faults/test_classification_sagemaker.py``).
+state pairs that are interruptions by themselves. Each row of the three tables is a test
+(``tests/backends/faults/test_classification_sagemaker.py``).
 
 A restart inside the job is counted from ``SecondaryStatusTransitions``: every ``Interrupted``
 transition is one spot reclaim SageMaker absorbed (:func:`restarts`).
