@@ -33,7 +33,28 @@ CAPACITY_TIMEOUT = "capacity_timeout"
 """The attempt waited for capacity longer than its policy allows (given up by us or by the service)."""
 LOST = "lost"
 """The service no longer knows the job (expired or deleted): nobody can tell how it ended."""
-INTERRUPTION_KINDS = (PREEMPTED, CAPACITY_TIMEOUT, LOST)
+NODE_FAULT = "node_fault"
+"""The hardware under the job failed (a GPU XID or uncorrectable ECC error, a GPU fallen off the bus, an
+NCCL watchdog timeout on a multi-node job, an unhealthy node or host): its own budget
+(``max_node_faults``), resubmitted on fresh hardware and resumed from the checkpoint."""
+INTERRUPTION_KINDS = (PREEMPTED, CAPACITY_TIMEOUT, LOST, NODE_FAULT)
+
+# --- node faults: what failed under the job (``JobStatus.fault``) --------------------------------
+FAULT_XID = "xid"
+"""The NVIDIA driver logged an Xid error for the GPU (``NVRM: Xid``)."""
+FAULT_ECC = "ecc"
+"""An uncorrectable ECC error in GPU memory."""
+FAULT_GPU_LOST = "gpu_lost"
+"""The GPU fell off the bus or is lost to the driver."""
+FAULT_NCCL_TIMEOUT = "nccl_timeout"
+"""PyTorch's NCCL watchdog timed out a collective on a multi-node job (a peer or link went away)."""
+FAULT_NODE_UNHEALTHY = "node_unhealthy"
+"""The service says the node, host or GPU device is unhealthy (Kubernetes, Batch, SageMaker)."""
+FAULT_KINDS = (FAULT_XID, FAULT_ECC, FAULT_GPU_LOST, FAULT_NCCL_TIMEOUT, FAULT_NODE_UNHEALTHY)
+NODE_FAULT_EXIT_CODES = {FAULT_XID: 171, FAULT_ECC: 172, FAULT_GPU_LOST: 173, FAULT_NCCL_TIMEOUT: 174}
+"""The runtime helper's exit status for a command that failed after its output reported a GPU hardware
+fault (``python -m gpu_provider.runtime.launch``): every backend reads the exit code the service reports
+(Batch ``exitCode``, SageMaker's ``exit code:`` in ``FailureReason``, a pod's terminated ``exitCode``)."""
 
 # --- trigger events: one per way an attempt's wait can end --------------------------------------
 EVENT_SUCCEEDED = "succeeded"
@@ -98,3 +119,11 @@ UNRUNNABLE_MARK = "cannot run: "
 RESTART_LIMIT_MARK = "restart limit: "
 """After :data:`CANCEL_PREFIX`: the task stopped an attempt the service had restarted inside the job as
 often as the capacity policy tolerates (an interruption: the policy's next attempt runs)."""
+
+# --- the end-of-log marker: the last line of each node's log -----------------------------------
+END_OF_LOG = "gpu_provider: end-of-log"
+"""Start of the line the runtime helper (``python -m gpu_provider.runtime.launch``), the multi-node entries
+of Batch and SageMaker and the local backend's supervisor print when the job's command exits on a node:
+``gpu_provider: end-of-log node=<rank> nnodes=<nodes> exit=<code>[ fault=<kind>]`` (format and parse in
+:mod:`gpu_provider.runtime.output`). Once the log forwarder has it from every node it stops reading;
+jobs without it get the backend's ``log_settle_s`` wait for late lines."""

@@ -56,6 +56,10 @@ class AttemptRecord:
     """Why the attempt ended without the job's own fault (``gpu_provider.names.INTERRUPTION_KINDS``)."""
     restarts: int = 0
     """Interruptions the service absorbed inside the attempt by restarting the job itself."""
+    fault: str | None = None
+    """For ``interruption="node_fault"``: what failed under the job (``gpu_provider.names.FAULT_KINDS``)."""
+    node: str | None = None
+    """The node the attempt ran on, where the service said (kept away from after a node fault)."""
     collected: bool = False
     """The task instance's run of the job ended with this attempt (a try returned its result, or failed
     on it with no Airflow retry to follow): a later try is a cleared task, and starts anew."""
@@ -131,7 +135,10 @@ class AttemptRecord:
                 self.interruption = kind
             if status.exit_code is not None:
                 self.exit_code = status.exit_code
+            if status.fault is not None:
+                self.fault = status.fault
             self.ended_at = _iso(status.ended_at) or self.ended_at
+        self.node = status.node or self.node
         self.started_at = _iso(status.started_at) or self.started_at
         self.gpu_seconds = round(max(self.gpu_seconds, status.gpu_seconds), 3)
         if status.billable_seconds is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpu_provider.capacity.policies import (
     _BY_NAME,
     _DEFAULT_MAX_INTERRUPTIONS,
+    _DEFAULT_MAX_NODE_FAULTS,
     _DEFAULT_SPOT_WAIT_S,
     MAX_BACKOFF_S,
     MAX_INTERRUPTIONS,
@@ -26,6 +27,7 @@ __all__ = [
     "SPOT",
     "_BY_NAME",
     "_DEFAULT_MAX_INTERRUPTIONS",
+    "_DEFAULT_MAX_NODE_FAULTS",
     "_DEFAULT_SPOT_WAIT_S",
     "CapacityPolicy",
     "Interruption",

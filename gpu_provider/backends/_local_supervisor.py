@@ -39,6 +39,8 @@ from typing import Any
 
 from gpu_provider.backends import _local_common as common
 from gpu_provider.backends._local_gpus import Allocation, allocate, format_devices, never_fits, release
+from gpu_provider.runtime.faults import fault_in_line
+from gpu_provider.runtime.output import end_of_log_line
 
 #: how often the supervisor looks at its node processes (and at cancel requests)
 _TICK_S = 0.05
@@ -151,6 +153,8 @@ class Supervisor:
         self.pumps: list[threading.Thread] = []
         self.allocated = False
         self.sigterm = False
+        #: the first GPU hardware fault a node's output reported: (rank, kind)
+        self.fault: tuple[int, str] | None = None
         self.log = LogSink(job_dir / common.LOG_FILE)
 
     # --- bookkeeping ---------------------------------------------------------------------------
@@ -269,6 +273,7 @@ class Supervisor:
         self._stop_nodes(grace=self.grace if state != common.SUCCEEDED else 0.0)
         for pump in self.pumps:
             pump.join(_PUMP_JOIN_S)
+        self._mark_ends(nodes)
         try:
             self.collect_output()
         except OSError as err:
@@ -283,8 +288,22 @@ class Supervisor:
             record["exit_code"] = code
         if exit_code is None:
             exit_code = next((c for c in codes if c), None)
+        fault: dict[str, Any] = {}
+        if state == common.FAILED and self.fault is not None:
+            # a GPU hardware fault in a node's output: the node's failure, not the job's (names.NODE_FAULT)
+            fault = {"fault": self.fault[1], "fault_node": self.fault[0]}
+            reason = f"{reason}; node {self.fault[0]} reported a GPU hardware fault ({self.fault[1]})"
         self.note(f"job ended {state.upper()}" + (f": {reason}" if reason else ""))
-        self.set_state(state, reason, exit_code=exit_code, exit_codes=codes, nodes=node_records, ended_at=time.time())
+        self.set_state(
+            state, reason, exit_code=exit_code, exit_codes=codes, nodes=node_records, ended_at=time.time(), **fault
+        )
+
+    def _mark_ends(self, nodes: int) -> None:
+        """Each node's end-of-log marker, after all its output: the task stops reading the log at once."""
+        for rank, proc in enumerate(self.procs):
+            if proc.returncode is not None:
+                line = end_of_log_line(rank, nodes, _exit_code(proc.returncode))
+                self.log.write(b"[local] ", line.encode() + b"\n")  # the supervisor's line: it names the node
 
     @property
     def output_file(self) -> Path:
@@ -404,6 +423,7 @@ class Supervisor:
                 held += data
                 end = held.rfind(b"\n")
                 if end >= 0:
+                    self._look_for_faults(rank, held[: end + 1])
                     self.log.write(prefix, bytes(held[: end + 1]))
                     del held[: end + 1]
                 if len(held) >= _HOLD_BYTES:  # a long line: write what is there, the line stays open
@@ -415,6 +435,14 @@ class Supervisor:
             self.note(f"reading the output of node {rank} failed: {err}")
         finally:
             stream.close()
+
+    def _look_for_faults(self, rank: int, lines: bytes | bytearray) -> None:
+        """Remember the first GPU hardware fault a node's output reports (``gpu_provider.runtime.faults``)."""
+        if self.fault is not None:
+            return
+        kind = fault_in_line(bytes(lines).decode("utf-8", "replace"), nodes=int(self.request["resources"]["nodes"]))
+        if kind is not None:
+            self.fault = (rank, kind)
 
     def _watch(self, started: float) -> tuple[str, str, int | None]:
         """Wait for the job's end; the terminal state, its reason, and the exit code it is known by."""

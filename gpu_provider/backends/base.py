@@ -151,6 +151,10 @@ class JobRequest:
     """The one instance type this attempt runs on, chosen by the policy's instance fallback from
     ``resources.instance_types`` (each backend places it its own way: Batch a queue per type, SageMaker the
     ``InstanceType``, Kubernetes a node affinity); ``None``: the backend chooses from ``resources``."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes this attempt must not run on: those where earlier attempts of the run hit a GPU hardware fault
+    (``node_fault``). Kubernetes keeps away from them by node anti-affinity; on AWS Batch and SageMaker
+    (which do not let a job name a host to avoid) and locally it is ignored."""
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITY_TYPES:
@@ -241,6 +245,12 @@ class JobStatus:
     """The Airflow try that owns this attempt, as marked on the job (:meth:`Backend.mark`)."""
     collected: bool = False
     """Whether a try already collected this attempt's outcome, as marked on the job."""
+    fault: str | None = None
+    """For ``interruption="node_fault"``: what failed under the job (:data:`gpu_provider.names.FAULT_KINDS`);
+    the engine fails an attempt as the job's own error when the one before it ended with the same fault."""
+    node: str | None = None
+    """The node, host or instance the attempt ran on, where the service says (Kubernetes: the pod's
+    ``spec.nodeName``): a resubmission after a node fault keeps away from it where the backend can."""
     never_starts: str | None = None
     """For a ``QUEUED`` attempt: the service's reason why it can never start as submitted (AWS Batch
     ``MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT``), else ``None``. A read only reports it: the task that

@@ -14,9 +14,23 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gpu_provider import names
 from gpu_provider.backends.base import provider_config
 
 log = logging.getLogger(__name__)
+
+#: the end-of-log entry (POSIX sh) the multi-node entries exec into: it runs the command as a child, passes
+#: SIGTERM and SIGINT on, and when the command exits prints the end-of-log marker
+#: (:data:`gpu_provider.names.END_OF_LOG`) and exits with its status. A ``wait`` cut short by a trapped
+#: signal returns early, hence the loop while the child lives. Kept under SageMaker's 256 characters per
+#: argument, so it is an argument of its own.
+END_OF_LOG_ENTRY = (
+    "trap 'kill -TERM $p' TERM;trap 'kill -INT $p' INT;"
+    '"$@"& p=$!;wait $p;r=$?;while kill -0 $p;do wait $p;r=$?;done 2>/dev/null;'
+    f'echo "{names.END_OF_LOG} node=${{NODE_RANK:-0}} nnodes=${{NNODES:-1}} exit=$r";exit $r'
+)
+#: the words in front of a command that run it through :data:`END_OF_LOG_ENTRY`
+END_OF_LOG_COMMAND = ("/bin/sh", "-c", END_OF_LOG_ENTRY, "gpu-provider-end")
 
 #: how long :func:`run_bounded` callers (``cancel()``) wait before returning; the call goes on
 #: in the background (below Airflow's 5 s between SIGTERM and SIGKILL of a task process)

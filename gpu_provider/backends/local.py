@@ -669,6 +669,9 @@ class LocalBackend(Backend):
                 interruption = names.CAPACITY_TIMEOUT
         elif state is JobState.PREEMPTED:
             interruption = names.PREEMPTED
+        fault = status.get("fault") if state is JobState.FAILED else None
+        if fault:  # a GPU hardware fault in a node's output (the supervisor read it): not the job's error
+            interruption = names.NODE_FAULT
         started_at = status.get("started_at")
         ended_at = status.get("ended_at")
         held = 0.0
@@ -690,6 +693,7 @@ class LocalBackend(Backend):
             gpu_seconds=held,
             output_uri=self._output_uri(job_dir),
             interruption=interruption,
+            fault=str(fault) if fault else None,
             queued_since=status.get("queued_since") or request.get("submitted_at"),
             capacity=str(request.get("capacity") or handle.capacity),
             owner_try=int(owner_try) if owner_try is not None else None,

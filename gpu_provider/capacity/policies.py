@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from gpu_provider.capacity.instances import InstanceFallback, Rung
 
 _DEFAULT_MAX_INTERRUPTIONS = 3
+_DEFAULT_MAX_NODE_FAULTS = 2
 _DEFAULT_SPOT_WAIT_S = 30 * 60.0
 
 #: most interruptions one task instance may absorb (each one is a new attempt); also the cap of ``after_preemptions``
@@ -49,7 +50,7 @@ class Interruption:
 
     attempt: int
     capacity: str
-    kind: str  # PREEMPTED | CAPACITY_TIMEOUT
+    kind: str  # PREEMPTED | CAPACITY_TIMEOUT | LOST | NODE_FAULT
     instance_type: str | None = None
     """The instance type the policy chose for the attempt (instance fallback), else ``None``."""
 
@@ -62,6 +63,10 @@ class CapacityPolicy(ABC):
         0 to :data:`MAX_INTERRUPTIONS`.
     :param backoff: base delay before resubmitting after an interruption (a timedelta or seconds,
         0 to :data:`MAX_BACKOFF_S`); grows x2 per interruption, capped at 5 minutes, with full jitter.
+    :param max_node_faults: how many GPU hardware faults (``node_fault``: an XID or ECC error, a GPU
+        fallen off the bus, an NCCL watchdog timeout on several nodes, an unhealthy node) one task
+        instance absorbs, each resubmitted on fresh hardware; its own budget, not counted in
+        ``max_interruptions``. 0 to :data:`MAX_INTERRUPTIONS`.
     :param instances: an :class:`~gpu_provider.InstanceFallback`: each capacity this policy
         chooses tries ``resources.instance_types`` in their order, one attempt per type, the next type
         when capacity for one does not come (``docs/explanations/capacity-policies.md``). ``None``:
@@ -75,9 +80,11 @@ class CapacityPolicy(ABC):
         *,
         max_interruptions: int = _DEFAULT_MAX_INTERRUPTIONS,
         backoff: Any = 2.0,
+        max_node_faults: int = _DEFAULT_MAX_NODE_FAULTS,
         instances: InstanceFallback | None = None,
     ) -> None:
         self.max_interruptions = _count("capacity.max_interruptions", max_interruptions)
+        self.max_node_faults = _count("capacity.max_node_faults", max_node_faults)
         self.backoff_s = to_seconds("capacity.backoff", backoff, allow_none=False, maximum=MAX_BACKOFF_S) or 0.0
         from gpu_provider.capacity.instances import check_instances
 

@@ -36,7 +36,7 @@ from gpu_provider.exceptions import (
     GpuJobFailedError,
     GpuJobInterruptionBudgetError,
 )
-from gpu_provider.names import CAPACITY_TIMEOUT, LOST, PREEMPTED
+from gpu_provider.names import CAPACITY_TIMEOUT, LOST, NODE_FAULT, PREEMPTED
 from gpu_provider.records import AttemptRecord, AttemptSummary
 
 
@@ -164,7 +164,9 @@ class AttemptEngine:
         return self.records[last_collected + 1 :]
 
     def interruptions(self) -> list[Interruption]:
-        return interruptions_of(self.current)
+        """The interruptions ``max_interruptions`` counts and the capacity policy reads (node faults have
+        their own budget: :meth:`after_node_fault`)."""
+        return [i for i in interruptions_of(self.current) if i.kind != NODE_FAULT]
 
     def restart_limit(self, record: AttemptRecord) -> int | None:
         """How many restarts inside ``record``'s attempt the policy tolerates before its next attempt
@@ -254,6 +256,8 @@ class AttemptEngine:
         )
 
     def after_interruption(self, record: AttemptRecord) -> Step:
+        if record.interruption == NODE_FAULT:  # GPU hardware faults: their own budget and rule
+            return self.after_node_fault(record)
         where = describe(self.backend_name, record)
         interruptions = self.interruptions()
         budget = self.policy.max_interruptions
@@ -278,6 +282,49 @@ class AttemptEngine:
         self.note = (
             f"{where} ended {record.state.value}: {said(record)}. {what.capitalize()}; "
             f"resubmitting on {on} (attempt {step.attempt}, interruption {len(interruptions)} of at "
+            f"most {budget})" + (f" in {step.delay:.1f}s" if step.delay else "") + "."
+        )
+        return step
+
+    # --- node faults (GPU hardware): their own budget, ``max_node_faults`` ----------------------
+    def after_node_fault(self, record: AttemptRecord) -> Step:
+        """A GPU hardware fault ended ``record``'s attempt: resubmit on fresh hardware and resume, within
+        ``max_node_faults``; but the same fault on the attempt before too (fresh hardware already) makes
+        it the job's own error after all, for Airflow's retries."""
+        where = describe(self.backend_name, record)
+        fault = record.fault or "unknown"
+        faults = [r for r in self.current if r.interruption == NODE_FAULT]
+        budget = self.policy.max_node_faults
+        before = [r for r in self.current if r.attempt < record.attempt]
+        if before and before[-1].interruption == NODE_FAULT and (before[-1].fault or "unknown") == fault:
+            retry = (
+                f"Airflow will retry it (retry {self.try_number} of {self.retries})."
+                if self.try_number <= self.retries
+                else f"No Airflow retries are left (retries={self.retries})."
+            )
+            return Fail(
+                GpuJobFailedError(
+                    f"{where} ended {record.state.value}: {said(record)}. The same GPU hardware fault ({fault}) "
+                    f"ended attempt {before[-1].attempt} too, on other hardware: treated as the job's own error, "
+                    f"not a node fault. {retry}"
+                ),
+                record,
+            )
+        if len(faults) > budget:
+            return Fail(
+                GpuJobInterruptionBudgetError(
+                    f"{where} ended {record.state.value}: {said(record)}. A GPU hardware fault ({fault}), but this "
+                    f"task has now had {len(faults)} node faults and its budget (max_node_faults={budget}) is "
+                    "spent; not resubmitting, and Airflow does not retry this. Raise max_node_faults, then clear "
+                    "the task."
+                ),
+                record,
+            )
+        step = self.next_submit(delay=self.policy.backoff_delay(len(faults)))
+        away = f" away from node {record.node}" if record.node else " on fresh hardware"
+        self.note = (
+            f"{where} ended {record.state.value}: {said(record)}. A GPU hardware fault ({fault}), not the job's "
+            f"error; resubmitting{away} on {step.capacity} (attempt {step.attempt}, node fault {len(faults)} of at "
             f"most {budget})" + (f" in {step.delay:.1f}s" if step.delay else "") + "."
         )
         return step

@@ -4,6 +4,11 @@ It reads the backend's log from an opaque cursor in bounded chunks, copies lines
 log up to a per-attempt cap (``[gpu_provider] task_log_max_mib``), keeps reading past the cap only
 to find the output the job declared, and says plainly how much it left out and where the full log
 is. A read that fails is reported once as a warning, not once per tick.
+
+After the job's end it stops reading as soon as every node's end-of-log marker is in
+(:data:`gpu_provider.names.END_OF_LOG`, printed by the runtime helper, the multi-node entries and the
+local backend); a job without markers gets the backend's ``log_settle_s`` wait for late lines. The
+marker lines are not copied as job output: each node's end is said once, plainly.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from gpu_provider.backends.base import Backend, JobHandle, provider_config
 DEFAULT_TASK_LOG_MAX_MIB = 10.0
 #: chunks read per call of :meth:`LogForwarder.pump` while the job runs (the rest comes next tick)
 CHUNKS_PER_PUMP = 8
+#: seconds between reads while waiting for late lines after the end
+SETTLE_READ_S = 1.0
 
 
 def task_log_cap_bytes() -> int:
@@ -67,8 +74,17 @@ class LogForwarder:
         self.lines_read = 0
         #: the output URI the job declared in the lines read so far
         self.output_uri: str | None = None
+        #: exit status per node, from the end-of-log markers read so far
+        self.node_ends: dict[int, int] = {}
+        #: the job's node count, as the markers say it (``None`` before the first marker)
+        self.nnodes: int | None = None
         self._warned = False
         self._noted = False
+
+    @property
+    def all_ended(self) -> bool:
+        """Whether every node's end-of-log marker has been read: nothing more will come."""
+        return self.nnodes is not None and len(self.node_ends) >= self.nnodes
 
     def pump(self, *, drain: bool = False) -> int:
         """Read what is there now (all of it when ``drain``, else a few chunks); returns lines read."""
@@ -99,11 +115,17 @@ class LogForwarder:
                 return total
 
     def _take(self, lines: list[str]) -> None:
+        from gpu_provider.runtime.output import parse_end_of_log
+
         self.lines_read += len(lines)
         self.output_uri = declared_output(lines) or self.output_uri
-        if not self.copy:
-            return
         for line in lines:
+            end = parse_end_of_log(line)
+            if end is not None:
+                self._ended(end.node, end.nnodes, end.exit_code, end.fault)
+                continue
+            if not self.copy:
+                continue
             size = len(line.encode("utf-8", "replace")) + 1
             if self.copied_bytes + size > self.cap_bytes:
                 self.omitted_lines += 1
@@ -112,14 +134,31 @@ class LogForwarder:
             self.copied_bytes += size
             self.log.info("[job] %s", line)
 
+    def _ended(self, node: int, nnodes: int, exit_code: int, fault: str | None = None) -> None:
+        if node in self.node_ends:
+            return  # a node's marker read twice (a wrapper inside a wrapper): said once
+        self.node_ends[node] = exit_code
+        self.nnodes = max(self.nnodes or 0, nnodes)
+        if self.copy:
+            self.log.info(
+                "%s job %s: the command on node %d of %d exited with status %d%s.",
+                self.backend.name,
+                self.handle.job_id,
+                node,
+                nnodes,
+                exit_code,
+                f", after a GPU hardware fault ({fault})" if fault else "",
+            )
+
     def settle(self, seconds: float | None = None) -> None:
-        """After the end: keep reading for up to ``seconds`` (default the backend's ``log_settle_s``),
-        until two reads in a row bring nothing new; then say what was left out."""
+        """After the end: read until every node's end-of-log marker is in, or else for up to ``seconds``
+        (default the backend's ``log_settle_s``) until two reads in a row bring nothing new; then say
+        what was left out."""
         deadline = time.monotonic() + (self.backend.log_settle_s if seconds is None else seconds)
         self.pump(drain=True)
         quiet = 0
-        while time.monotonic() < deadline and quiet < 2:
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        while time.monotonic() < deadline and quiet < 2 and not self.all_ended:
+            time.sleep(min(SETTLE_READ_S, max(0.0, deadline - time.monotonic())))
             quiet = 0 if self.pump(drain=True) else quiet + 1
             if not self.lines_read:
                 quiet = 0  # nothing at all yet: wait for the first lines until the deadline

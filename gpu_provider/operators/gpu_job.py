@@ -572,6 +572,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             priority=self.job_priority,
             capacity_wait_s=self.capacity.spot_wait_timeout_s if step.capacity == names.SPOT else None,
             instance_type=step.instance_type,
+            # node faults: keep away from the nodes where this run's GPUs failed (where the backend can)
+            avoid_nodes=tuple(r.node for r in runner.engine.current if r.interruption == names.NODE_FAULT and r.node),
         )
         handle = self._handle = plan.backend.submit(request)
         self.log.info(

@@ -1,11 +1,13 @@
-"""Tell the backend where the job put its output (a model, predictions, a report)."""
+"""Tell the backend where the job put its output (a model, predictions, a report), and where a node's log ends."""
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
+from dataclasses import dataclass
 
-from gpu_provider.names import ENV_OUTPUT_FILE
+from gpu_provider.names import END_OF_LOG, ENV_OUTPUT_FILE
 
 #: start of the line :func:`declare_output` prints; backends look for it in the job's logs
 OUTPUT_LINE_PREFIX = "gpu_provider: output_uri="
@@ -44,3 +46,39 @@ def declare_output(uri: str) -> None:
             raise
 
     print(f"{OUTPUT_LINE_PREFIX}{uri}", flush=True)
+
+
+@dataclass(frozen=True)
+class EndOfLog:
+    """One node's end-of-log marker: its rank, the job's node count and the command's exit status."""
+
+    node: int
+    nnodes: int
+    exit_code: int
+    fault: str | None = None
+    """The GPU hardware fault the runtime helper saw in the node's output, when the command failed after it."""
+
+
+#: the whole marker, at the end of a line (a backend may put a prefix such as ``[node 1] `` before it)
+_END_OF_LOG = re.compile(
+    re.escape(END_OF_LOG) + r" node=(\d{1,6}) nnodes=(\d{1,6}) exit=(-?\d{1,4})(?: fault=([a-z_]{1,32}))?\s*$"
+)
+
+
+def end_of_log_line(node: int, nnodes: int, exit_code: int, *, fault: str | None = None) -> str:
+    """The marker line for ``node`` of ``nnodes`` whose command exited with ``exit_code`` (after the GPU
+    hardware fault ``fault``, when the runtime helper saw one)."""
+    return f"{END_OF_LOG} node={node} nnodes={nnodes} exit={exit_code}" + (f" fault={fault}" if fault else "")
+
+
+def parse_end_of_log(line: str) -> EndOfLog | None:
+    """The marker in ``line``, or ``None`` when the line is not one (or names a node outside the job)."""
+    if END_OF_LOG not in line:
+        return None
+    found = _END_OF_LOG.search(line)
+    if found is None:
+        return None
+    node, nnodes, code = int(found[1]), int(found[2]), int(found[3])
+    if nnodes < 1 or node >= nnodes:
+        return None
+    return EndOfLog(node, nnodes, code, found[4])

@@ -604,7 +604,13 @@ def test_a_chatty_multi_node_log_is_read_in_bounded_chunks_every_line_exactly_on
         assert len(line) < MAX_LOG_LINE_CHARS + 100
         assert line.endswith(f"[line cut: {5 + 40_000 - MAX_LOG_LINE_CHARS} more characters]")
     for node in ("0", "1"):
-        mine = [line for line in lines if line.startswith(f"node {node}: ") and line not in long_lines]
+        mine = [
+            line
+            for line in lines
+            if line.startswith(f"node {node}: ") and line not in long_lines and names.END_OF_LOG not in line
+        ]
         assert mine == [f"node {node}: {node} {i:06d} " + "x" * 40 for i in range(50_000)]
-    assert len(lines) == 100_002
+    ends = [line for line in lines if names.END_OF_LOG in line]  # each node's end-of-log marker, once
+    assert sorted(ends) == [f"node {n}: {names.END_OF_LOG} node={n} nnodes=2 exit=0" for n in ("0", "1")]
+    assert len(lines) == 100_002 + 2
     assert backend.logs(handle, cursor).lines == []  # drained: nothing twice

@@ -20,6 +20,7 @@ from gpu_provider.backends.batch import (
     refine_failure,
 )
 from gpu_provider.backends.batch.mapping import RUNNABLE_REASONS, runnable_verdict, unrunnable
+from gpu_provider.backends.common import END_OF_LOG_COMMAND
 
 # how Batch words the reason of a job its queue's jobStateTimeLimitActions cancelled (AWS Batch user guide)
 QUEUE_ACTION = "Terminated by JobStateTimeLimit action due to reason: "
@@ -241,6 +242,7 @@ def test_multi_node_definition_wraps_the_command_for_rendezvous() -> None:
         "-c",
         MULTI_NODE_ENTRY,
         "gpu-provider-entry",
+        *END_OF_LOG_COMMAND,  # marks the end of each node's log
         "python",
         "train.py",
     ]

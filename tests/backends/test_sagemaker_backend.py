@@ -17,6 +17,7 @@ from botocore.validate import ParamValidator
 
 from gpu_provider import names
 from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, TaskKey
+from gpu_provider.backends.common import END_OF_LOG_COMMAND
 from gpu_provider.backends.sagemaker import INSTANCE_TABLE, STATE_TABLE, SageMakerBackend, mapping
 from gpu_provider.job import GpuResources
 from gpu_provider.triggers.gpu_job import GpuJobTrigger, SharedPoller
@@ -85,7 +86,15 @@ def test_the_request_of_a_two_node_spot_job_validates_against_botocore(monkeypat
     assert "NODE_RANK" not in env  # the entry derives it on each host from resourceconfig.json
     entry = body["AlgorithmSpecification"]
     assert entry["ContainerEntrypoint"] == ["/bin/sh"]
-    assert entry["ContainerArguments"][2:] == ["gpu-provider-entry", "python", "-m", "trainer", "--epochs", "3"]
+    assert entry["ContainerArguments"][2:] == [
+        "gpu-provider-entry",
+        *END_OF_LOG_COMMAND,  # marks the end of each node's log
+        "python",
+        "-m",
+        "trainer",
+        "--epochs",
+        "3",
+    ]
     tags = {t["Key"]: t["Value"] for t in body["Tags"]}
     assert tags[names.TAG_CAPACITY] == "spot" and tags[names.TAG_TEAM] == "ml" and tags[names.TAG_GPUS] == "16"
     assert tags[names.TAG_RUN_ID] == "manual__2026-01-05T00:00:00+00:00"

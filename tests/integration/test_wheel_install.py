@@ -221,7 +221,8 @@ def test_the_runtime_helper_runs_in_an_image_without_airflow(installed: Installe
         ]
     )
     assert launched.returncode == 0, launched.stderr
-    assert launched.stdout.splitlines() == ["2 1 10.0.0.5", "[]"]
+    # the last line marks the end of this node's log (the job's command exited 0)
+    assert launched.stdout.splitlines() == ["2 1 10.0.0.5", "[]", "gpu_provider: end-of-log node=1 nnodes=2 exit=0"]
 
     job = """
 import os, sys
@@ -236,7 +237,7 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("airflow", "boto3", "
 """
     saved = run(["-m", "gpu_provider.runtime.launch", "--", str(python), "-c", job])
     assert saved.returncode == 0, saved.stderr
-    assert saved.stdout.splitlines() == ["ckpt-0000000007 step 7 weights", "[]"]
+    assert saved.stdout.splitlines()[:-1] == ["ckpt-0000000007 step 7 weights", "[]"]
     s3 = run(["-c", "from gpu_provider.runtime import latest_checkpoint; latest_checkpoint('s3://bucket/ckpt')"])
     assert "s3:// checkpoints need boto3 in the job's environment" in s3.stderr and "pip install boto3" in s3.stderr
 

@@ -26,6 +26,9 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--fail-on-attempt", type=int, default=0)
     parser.add_argument("--hold-until", default=None, help="after the last step, wait until this file exists")
+    parser.add_argument("--fault-on-attempts", default="", help="attempts (comma-separated) that hit a GPU fault")
+    parser.add_argument("--fault-rank", type=int, default=0, help="the node that prints the fault")
+    parser.add_argument("--fault-text", default="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.")
     args = parser.parse_args()
     env = job_env()
     pid_dir = os.environ.get("PID_DIR")
@@ -49,6 +52,10 @@ def main() -> int:
         if args.fail_on_attempt == env.attempt and step >= 2:
             print("failing on purpose", flush=True)
             return 3
+        faulty = [int(a) for a in args.fault_on_attempts.split(",") if a.strip()]
+        if env.attempt in faulty and step >= 2 and env.node_rank == args.fault_rank:
+            print(args.fault_text, flush=True)  # what the driver or NCCL prints when the hardware fails
+            return 1
         if stop.requested:
             print(f"stop requested at step {step}", flush=True)
             return 143

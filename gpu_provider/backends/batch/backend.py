@@ -69,12 +69,13 @@ from gpu_provider.backends.batch.mapping import (
     exit_code,
     job_gpus,
     job_nodes,
+    node_fault,
     refine_failure,
     seconds_from_ms,
     tag_number,
     unrunnable,
 )
-from gpu_provider.backends.common import keep_bounded, run_bounded, text_option
+from gpu_provider.backends.common import END_OF_LOG_COMMAND, keep_bounded, run_bounded, text_option
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 
@@ -105,7 +106,8 @@ TAIL_STREAMS = 8
 
 #: the multi-node entry wrapper: POSIX sh only, so it works in any image with /bin/sh. It derives
 #: NODE_RANK and MASTER_ADDR from Batch's variables (the main node, which Batch does not tell its
-#: own address, uses loopback: its rendezvous store listens on every interface), then execs the command.
+#: own address, uses loopback: its rendezvous store listens on every interface), then execs the command
+#: through the end-of-log entry (``END_OF_LOG_COMMAND``), which marks where each node's log ends.
 MULTI_NODE_ENTRY = (
     'export NODE_RANK="${AWS_BATCH_JOB_NODE_INDEX:-0}"; '
     'export MASTER_ADDR="${AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS:-127.0.0.1}"; '
@@ -350,7 +352,7 @@ class BatchBackend(Backend):
         memory = res.memory_mib if res.memory_mib is not None else DEFAULT_MEMORY_MIB_PER_GPU * gpus
         command = list(request.command)
         if res.nodes > 1 and self.multi_node_entry:
-            command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *command]
+            command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *END_OF_LOG_COMMAND, *command]
         container: dict[str, Any] = {
             "image": request.image,
             "command": command,
@@ -664,6 +666,7 @@ class BatchBackend(Backend):
             gpu_seconds=gpu_seconds,
             log_url=log_url,
             interruption=interruption,
+            fault=node_fault(job) if interruption == names.NODE_FAULT else None,
             capacity=handle.capacity,  # the attempt's queue decides it (Batch does not report it per job)
             owner_try=int(owner) if owner.isdigit() else None,
             collected=str(tags.get(names.TAG_COLLECTED) or "").lower() == "true",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -51,6 +52,65 @@ PREEMPTION_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"spot instance .*(interrupt|reclaim|terminat)", re.IGNORECASE),
     re.compile(r"^Task failed to start.*(instance|host).*(terminat|reclaim)", re.IGNORECASE),
 )
+
+
+@dataclass(frozen=True)
+class NodeFaultRow:
+    """One way AWS Batch (or the container runtime under it) says the host or its GPU failed.
+
+    :param pattern: searched in the job's, the last attempt's and the container's status reason
+    :param fault: the fault kind (:data:`gpu_provider.names.FAULT_KINDS`)
+    :param example: the service's real words
+    """
+
+    pattern: re.Pattern[str]
+    fault: str
+    example: str
+
+
+#: status and container reasons meaning the host or its GPU failed, not the job: an interruption of kind
+#: ``node_fault`` (resubmitted; Batch places the new attempt on whichever instance is free, a fresh one
+#: when the faulty host was taken out). Each row is a test (``tests/backends/faults/test_node_faults.py``);
+#: the runtime helper's fault exit codes (``names.NODE_FAULT_EXIT_CODES``) count too.
+NODE_FAULT_TABLE: tuple[NodeFaultRow, ...] = (
+    NodeFaultRow(
+        re.compile(r"nvidia-container-cli: (initialization|detection|device) error", re.IGNORECASE),
+        names.FAULT_NODE_UNHEALTHY,
+        "CannotStartContainerError: Error response from daemon: OCI runtime create failed: ... error running "
+        "hook: exit status 1, stdout: , stderr: nvidia-container-cli: initialization error: nvml error: driver "
+        "not loaded: unknown",
+    ),
+    NodeFaultRow(
+        re.compile(r"^DockerTimeoutError:", re.IGNORECASE),
+        names.FAULT_NODE_UNHEALTHY,
+        "DockerTimeoutError: Could not transition to started; timed out after waiting 3m0s",
+    ),
+    NodeFaultRow(
+        re.compile(r"^CannotInspectContainerError:", re.IGNORECASE),
+        names.FAULT_NODE_UNHEALTHY,
+        "CannotInspectContainerError: Could not transition to inspecting; timed out after waiting 30s",
+    ),
+)
+
+
+def node_fault(job: Mapping[str, Any]) -> str | None:
+    """The GPU hardware fault a FAILED job's reasons (:data:`NODE_FAULT_TABLE`) or the runtime helper's exit
+    code report, else ``None``."""
+    from gpu_provider.runtime.faults import fault_of_exit_code
+
+    attempts = job.get("attempts") or []
+    last = attempts[-1] if attempts else {}
+    reasons = [
+        str(job.get("statusReason") or ""),
+        str(last.get("statusReason") or ""),
+        str((last.get("container") or job.get("container") or {}).get("reason") or ""),
+    ]
+    for reason in reasons:
+        for row in NODE_FAULT_TABLE:
+            if reason and row.pattern.search(reason):
+                return row.fault
+    return fault_of_exit_code(exit_code(job))
+
 
 #: the reason this provider gives TerminateJob starts with this; a job that ended with it is CANCELLED
 CANCEL_PREFIX = names.CANCEL_PREFIX
@@ -147,8 +207,12 @@ def refine_failure(job: Mapping[str, Any]) -> tuple[JobState, str, str | None]:
     details = [r for r in (reason, container_reason) if r]
     if "attempt duration exceeded timeout" in reason.lower():
         details.append("the attempt ran past max_runtime (timeout.attemptDurationSeconds)")
+    said = "; ".join(dict.fromkeys(details)) or "no reason given"
+    fault = node_fault(job)
+    if fault is not None:  # the host or its GPU failed, not the job
+        return JobState.FAILED, f"{said} (GPU hardware fault: {fault})", names.NODE_FAULT
     # the exit code is reported separately (JobStatus.exit_code)
-    return JobState.FAILED, "; ".join(dict.fromkeys(details)) or "no reason given", None
+    return JobState.FAILED, said, None
 
 
 def exit_code(job: Mapping[str, Any]) -> int | None:

@@ -92,6 +92,7 @@ from gpu_provider.backends.kubernetes.mapping import (
     exit_code,
     interruption_of,
     job_remote_state,
+    node_fault,
     parse_time,
     pod_remote_state,
     pod_times,
@@ -561,6 +562,19 @@ class KubernetesBackend(Backend):
             )
             state, reason = JobState.FAILED, stop
         status = self._status_of(handle, obj, pods, state, reason, interruption, remote)
+        if state is JobState.FAILED and interruption is None and stop is None:
+            members = pods if kind == JOB else [obj]
+            found = node_fault(members, nodes=int(handle.extra.get("nodes") or 1))
+            if found is not None:  # the node or its GPU failed, not the program
+                fault, node = found
+                on = f" on node {node}" if node else ""
+                status = replace(
+                    status,
+                    reason=f"{reason} (GPU hardware fault{on}: {fault})",
+                    interruption=names.NODE_FAULT,
+                    fault=fault,
+                    node=node,
+                )
         if stop is not None and not (obj.get("metadata") or {}).get("deletionTimestamp"):
             # a read changes nothing: the verdict is reported, and the task that owns the attempt deletes it
             status = replace(status, never_starts=stop)

@@ -38,6 +38,8 @@ NODEPOOL = "karpenter.sh/nodepool"
 GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
 GPU_MEMORY = "karpenter.k8s.aws/instance-gpu-memory"
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+#: the node label an attempt keeps away from after a node fault (node anti-affinity)
+HOSTNAME = "kubernetes.io/hostname"
 GPU_RESOURCE = "nvidia.com/gpu"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -317,9 +319,14 @@ def node_selector(request: JobRequest, placement: Placement) -> dict[str, str]:
 def _affinity(request: JobRequest) -> dict[str, Any] | None:
     # instance fallback: the one type chosen for this attempt; else any of the task's types
     types = [request.instance_type] if request.instance_type else list(request.resources.instance_types)
-    if not types:
+    expressions: list[dict[str, Any]] = []
+    if types:
+        expressions.append({"key": INSTANCE_TYPE, "operator": "In", "values": types})
+    if request.avoid_nodes:  # after a node fault: away from the nodes where the GPU failed
+        expressions.append({"key": HOSTNAME, "operator": "NotIn", "values": sorted(set(request.avoid_nodes))})
+    if not expressions:
         return None
-    term = {"matchExpressions": [{"key": INSTANCE_TYPE, "operator": "In", "values": types}]}
+    term = {"matchExpressions": expressions}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
@@ -356,6 +363,8 @@ def pod_spec(request: JobRequest, placement: Placement, *, service: str | None =
         "command": list(request.command),
         "env": _env(request, placement, service=service),
         "resources": _resources(request, placement),
+        # a failed container's message is the end of its log: the GPU messages of a node fault are read there
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if request.resources.nodes > 1:
         container["ports"] = [{"name": "rendezvous", "containerPort": placement.master_port}]

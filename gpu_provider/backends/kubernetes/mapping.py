@@ -179,6 +179,66 @@ TAKEN_TABLE: tuple[TakenRow, ...] = (
     TakenRow("NodeShutdown", "", "Failed:NodeShutdown", "Pod was rejected as the node is shutting down."),
     TakenRow("Terminated", "", "Failed:Terminated", "Pod was terminated in response to imminent node shutdown."),
 )
+
+
+@dataclass(frozen=True)
+class NodeFaultRow:
+    """One way Kubernetes says a failed pod's node or GPU was at fault, not the program.
+
+    :param reason: the pod's ``status.reason``
+    :param pattern: a regular expression searched in the pod's ``status.message``
+    :param fault: the fault kind (:data:`gpu_provider.names.FAULT_KINDS`)
+    :param example: the service's real words (the kubelet's device manager)
+    """
+
+    reason: str
+    pattern: str
+    fault: str
+    example: str
+
+
+#: failed pods whose node or GPU device was unhealthy: an interruption of kind ``node_fault``, resubmitted with
+#: node anti-affinity to the node it ran on. The main container's termination message (the end of its log
+#: with ``terminationMessagePolicy: FallbackToLogsOnError``) is read for the GPU messages of
+#: ``gpu_provider.runtime.faults``, and its exit code for the runtime helper's fault exit codes. Each row is a
+#: test (``tests/backends/faults/test_node_faults.py``).
+NODE_FAULT_TABLE: tuple[NodeFaultRow, ...] = (
+    NodeFaultRow(
+        "UnexpectedAdmissionError",
+        r"unhealthy devices nvidia\.com/gpu",
+        names.FAULT_NODE_UNHEALTHY,
+        "Allocate failed due to can't allocate unhealthy devices nvidia.com/gpu, which is unexpected",
+    ),
+    NodeFaultRow(
+        "UnexpectedAdmissionError",
+        r"devices unavailable for nvidia\.com/gpu",
+        names.FAULT_NODE_UNHEALTHY,
+        "Allocate failed due to requested number of devices unavailable for nvidia.com/gpu. Requested: 1, "
+        "Available: 0, which is unexpected",
+    ),
+)
+
+
+def node_fault(pods: Sequence[Mapping[str, Any]], *, nodes: int = 1) -> tuple[str, str | None] | None:
+    """The GPU hardware fault of a failed attempt's pods and the node it happened on (``spec.nodeName``), else
+    ``None``: :data:`NODE_FAULT_TABLE`, then the GPU messages in a container's termination message, then
+    the runtime helper's fault exit codes."""
+    from gpu_provider.runtime.faults import fault_in_line, fault_of_exit_code
+
+    for pod in pods:
+        status = pod.get("status") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        reason, message = str(status.get("reason") or ""), str(status.get("message") or "")
+        for row in NODE_FAULT_TABLE:
+            if reason == row.reason and re.search(row.pattern, message):
+                return row.fault, node
+        terminated = (main_container(pod).get("state") or {}).get("terminated") or {}
+        fault = fault_in_line(str(terminated.get("message") or ""), nodes=nodes) or fault_of_exit_code(exit_code(pod))
+        if fault is not None:
+            return fault, node
+    return None
+
+
 #: annotation set by :meth:`KubernetesBackend.cancel` before it deletes an object
 CANCEL_ANNOTATION = names.TAG_PREFIX + "cancel-reason"
 #: Event reasons of this provider's tombstones: what a poll reads once the object is gone

@@ -59,7 +59,7 @@ from gpu_provider.backends.base import (
     provider_config,
     task_from_tags,
 )
-from gpu_provider.backends.common import list_option, run_bounded, text_option
+from gpu_provider.backends.common import END_OF_LOG_COMMAND, list_option, run_bounded, text_option
 from gpu_provider.backends.sagemaker import mapping
 from gpu_provider.backends.sagemaker.cache import FULL_DESCRIBE_EVERY, JobCache
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError, GpuJobStatusError
@@ -103,7 +103,8 @@ TAG_STOP_REASON = names.TAG_PREFIX + "stop-reason"
 
 #: the multi-node entry wrapper: POSIX sh and sed only. SageMaker names its hosts algo-1 ... algo-N and
 #: tells each container its own in resourceconfig.json: NODE_RANK = n - 1, and the rendezvous runs on
-#: algo-1 (unless the environment names another MASTER_ADDR). Then it execs the command.
+#: algo-1 (unless the environment names another MASTER_ADDR). Then it execs the command through
+#: the end-of-log entry (``END_OF_LOG_COMMAND``), which marks where each node's log ends.
 MULTI_NODE_ENTRY = (
     'c="${SM_INPUT_CONFIG_DIR:-/opt/ml/input/config}/resourceconfig.json"; '
     'n=$(sed -n \'s/.*"current_host": *"algo-\\([0-9]*\\)".*/\\1/p\' "$c"); '
@@ -452,7 +453,7 @@ class SageMakerBackend(Backend):
         if self.secrets:
             command = [*SECRETS_ENTRY, *command]
         if request.resources.nodes > 1 and self.multi_node_entry:
-            command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *command]
+            command = ["/bin/sh", "-c", MULTI_NODE_ENTRY, "gpu-provider-entry", *END_OF_LOG_COMMAND, *command]
         for i, arg in enumerate(command):
             if len(arg) > MAX_ARGUMENT_CHARS:
                 raise ValueError(
@@ -737,11 +738,17 @@ class SageMakerBackend(Backend):
         seen = mapping.transitions(job)
         last_message = str(seen[-1].get("StatusMessage") or "") if seen else ""
         failure = str(job.get("FailureReason") or "")
-        reason, interruption, code = "", None, None
+        reason, interruption, code, fault = "", None, None, None
         if state is JobState.FAILED:
             code = mapping.exit_code(failure)
             reason = failure or last_message or "no reason given"
-            interruption = mapping.failure_interruption(failure)
+            nodes = int((job.get("ResourceConfig") or {}).get("InstanceCount") or 1)
+            interruption = mapping.failure_interruption(failure, nodes=nodes)
+            fault = mapping.failure_fault(failure, nodes=nodes) if interruption == names.NODE_FAULT else None
+            if fault is not None:
+                reason = (
+                    f"SageMaker reports a GPU hardware or instance fault ({fault}), not the job's own error: {reason}"
+                )
             if interruption == names.CAPACITY_TIMEOUT:
                 instance = (job.get("ResourceConfig") or {}).get("InstanceType")
                 reason = (
@@ -803,6 +810,7 @@ class SageMakerBackend(Backend):
             output_uri=str(output) if output else None,
             log_url=mapping.logs_console_url(str(handle.extra.get("region") or self.region), handle.name),
             interruption=interruption,
+            fault=fault,
             restarts=restarts,
             queued_since=mapping.queued_since(job) if state is JobState.QUEUED else None,
             billable_seconds=float(billable) if billable is not None else None,

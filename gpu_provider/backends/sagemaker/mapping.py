@@ -29,9 +29,11 @@ Any other pair is an error naming it (:func:`~gpu_provider.backends.base.map_sta
 **Failure reasons** (:data:`FAILURE_REASONS`): a ``Failed`` job's ``FailureReason`` prefix says whose
 fault it was. ``CapacityError:`` (SageMaker could not provision the instances) is a capacity
 problem, an interruption the capacity policy absorbs like a spot wait that ran out
-(``capacity_timeout``), not the job's own error; any other reason is the job's failure, which goes
-to Airflow's retries. :data:`INTERRUPTIONS` names the state pairs that are interruptions by
-themselves. Each row of the three tables is a test (``tests/backends/faults/test_classification_sagemaker.py``).
+(``capacity_timeout``), not the job's own error; ``InternalServerError:`` and the GPU hardware faults
+of :data:`NODE_FAULT_REASONS` are node faults (``node_fault``, resubmitted on fresh instances); any
+other reason is the job's failure, which goes to Airflow's retries. :data:`INTERRUPTIONS` names the
+state pairs that are interruptions by themselves. Each row of the three tables is a test
+(``tests/backends/faults/test_classification_sagemaker.py``).
 
 A restart inside the job is counted from ``SecondaryStatusTransitions``: every ``Interrupted``
 transition is one spot reclaim SageMaker absorbed (:func:`restarts`).
@@ -103,14 +105,45 @@ FAILURE_REASONS: dict[str, tuple[str | None, str]] = {
         None,
         "ClientError: Please ensure that the image is accessible and that the role has permission to pull it.",
     ),
-    # a service fault, but not one a change of capacity helps: Airflow's retries run it again
-    "InternalServerError:": (None, "InternalServerError: We encountered an internal error. Please try again."),
+    # SageMaker's own fault on its instances: a node fault, resubmitted on fresh instances (its own budget)
+    "InternalServerError:": (
+        names.NODE_FAULT,
+        "InternalServerError: We encountered an internal error. Please try again.",
+    ),
+}
+
+#: ``FailureReason`` words meaning the instance or its GPU failed, not the job: an interruption of kind
+#: ``node_fault`` (SageMaker provisions fresh instances for every training job). ``AlgorithmError`` quotes
+#: the end of the job's output, so the GPU messages of ``gpu_provider.runtime.faults`` are read there too,
+#: and the runtime helper's fault exit codes (``names.NODE_FAULT_EXIT_CODES``). Each row is a test
+#: (``tests/backends/faults/test_node_faults.py``): (fault kind, example of SageMaker's words).
+NODE_FAULT_REASONS: dict[str, tuple[str, str]] = {
+    "InternalServerError:": (
+        names.FAULT_NODE_UNHEALTHY,
+        "InternalServerError: We encountered an internal error. Please try again.",
+    ),
 }
 
 
-def failure_interruption(reason: str) -> str | None:
-    """The interruption a ``Failed`` job's ``FailureReason`` names (:data:`FAILURE_REASONS`); ``None``: the
-    job's own error."""
+def failure_fault(reason: str, *, nodes: int = 1) -> str | None:
+    """The GPU hardware fault a ``Failed`` job's ``FailureReason`` reports (:data:`NODE_FAULT_REASONS`, the
+    GPU messages it quotes from the job's output, the runtime helper's exit code), else ``None``."""
+    from gpu_provider.runtime.faults import fault_in_line, fault_of_exit_code
+
+    text = reason.lstrip()
+    for prefix, (fault, _) in NODE_FAULT_REASONS.items():
+        if text.startswith(prefix):
+            return fault
+    if text.startswith("AlgorithmError:"):
+        return fault_in_line(text, nodes=nodes) or fault_of_exit_code(exit_code(text))
+    return None
+
+
+def failure_interruption(reason: str, *, nodes: int = 1) -> str | None:
+    """The interruption a ``Failed`` job's ``FailureReason`` names (:data:`FAILURE_REASONS`, and a GPU
+    hardware fault: :func:`failure_fault`); ``None``: the job's own error."""
+    if failure_fault(reason, nodes=nodes) is not None:
+        return names.NODE_FAULT
     text = reason.lstrip()
     for prefix, (kind, _) in FAILURE_REASONS.items():
         if text.startswith(prefix):

@@ -445,6 +445,20 @@ class BatchEmulator(JobRunner):
             raise ValueError(f"AWS Batch emulator: job {job_id} already ended {job_state(run.job)}; cannot preempt it")
         self._preempt(run, instance_id)
 
+    def fail_host(
+        self,
+        job_id: str,
+        reason: str = "CannotInspectContainerError: Could not transition to inspecting; timed out after waiting 30s",
+    ) -> None:
+        """The job's host or its GPU fails under it now: SIGTERM, SIGKILL after ``grace_period``; the job ends
+        FAILED with ``reason`` as its status reason (Batch's words for a host fault, e.g. a container runtime
+        that stopped answering or ``nvidia-container-cli: initialization error``)."""
+        with self._lock:
+            run = self._runs.get(job_id)
+        if run is None:
+            raise ValueError(f"AWS Batch emulator: no job {job_id!r} (was it submitted to this emulator?)")
+        run.request_stop(reason, "host_fault")
+
     def preempt_after(self, seconds: float, *, queue: str, count: int = 1, name_contains: str | None = None) -> None:
         """Preempt the next ``count`` jobs submitted to ``queue`` (with ``name_contains`` in their name,
         if given) ``seconds`` after each reaches RUNNING."""

@@ -366,6 +366,27 @@ class KubernetesEmulator(PodRunner):
                 container.signal(signal.SIGTERM)
                 container.term_at = time.time()
 
+    def fail_gpu(
+        self,
+        pod_name: str,
+        namespace: str = "default",
+        message: str = "Allocate failed due to can't allocate unhealthy devices nvidia.com/gpu, which is unexpected",
+    ) -> None:
+        """The NVIDIA device plugin marks the pod's GPU unhealthy: the kubelet fails the pod with
+        ``UnexpectedAdmissionError`` and ``message`` (the device manager's words), its process killed."""
+        with self._lock:
+            key = (namespace, pod_name)
+            pod = self._store["pods"].get(key)
+            if pod is None or pod["status"].get("phase") not in ("Running", "Pending"):
+                raise KeyError(f"pod {namespace}/{pod_name} is not running")
+            pod["metadata"]["_evicted"] = {"reason": "UnexpectedAdmissionError", "message": message}
+            self._touch("pods", pod, "MODIFIED")
+            container = self._containers.get(key)
+            if container is None:
+                self._finish_pod(key, pod, None)
+            else:
+                container.signal(signal.SIGKILL)
+
     def reclaim_after(self, seconds: float, *, name_contains: str = "", count: int = 1) -> None:
         """Reclaim the spot node of the next ``count`` pods on spot nodes (with ``name_contains`` in their
         name) ``seconds`` after each starts running."""
