@@ -37,18 +37,9 @@ def detect_gpus(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[list[int], s
     :param timeout: seconds before a hanging nvidia-smi counts as "no GPU"
     :return: the indices, and ``None`` or a short description of why none were found
     """
-    try:
-        proc = subprocess.run(
-            [nvidia_smi, "--query-gpu=index", "--format=csv,noheader"],
-            env=minimal_env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError) as err:
-        return [], f"{nvidia_smi}: {err}"
+    proc, failed = _query(nvidia_smi, "index", timeout)
+    if proc is None:
+        return [], failed
     if proc.returncode != 0:
         detail = (proc.stderr or proc.stdout).strip().splitlines()
         return [], f"{nvidia_smi} exited with code {proc.returncode}" + (f": {detail[-1]}" if detail else "")
@@ -82,18 +73,9 @@ def gpu_model(name: str) -> str | None:
 def detect_gpu_models(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[dict[int, str | None], str | None]:
     """Ask ``nvidia-smi`` for the model of each device (``--query-gpu=index,name``), with the minimal
     environment of :func:`detect_gpus`. Returns ``{index: model}`` and ``None`` or why none were found."""
-    try:
-        proc = subprocess.run(
-            [nvidia_smi, "--query-gpu=index,name", "--format=csv,noheader"],
-            env=minimal_env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError) as err:
-        return {}, f"{nvidia_smi}: {err}"
+    proc, failed = _query(nvidia_smi, "index,name", timeout)
+    if proc is None:
+        return {}, failed
     if proc.returncode != 0:
         return {}, f"{nvidia_smi} exited with code {proc.returncode}"
     models: dict[int, str | None] = {}
@@ -104,6 +86,24 @@ def detect_gpu_models(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[dict[i
         except ValueError:
             return {}, f"{nvidia_smi} printed {line.strip()!r}, not 'index, name'"
     return models, None if models else f"{nvidia_smi} listed no devices"
+
+
+def _query(nvidia_smi: str, fields: str, timeout: float) -> tuple[subprocess.CompletedProcess[str] | None, str | None]:
+    """Run ``nvidia-smi --query-gpu=<fields>`` (CSV, no header) with :func:`minimal_env`, never templated
+    input; ``(None, why)`` when it cannot run or hangs past ``timeout``."""
+    try:
+        proc = subprocess.run(
+            [nvidia_smi, f"--query-gpu={fields}", "--format=csv,noheader"],
+            env=minimal_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        return None, f"{nvidia_smi}: {err}"
+    return proc, None
 
 
 def minimal_env() -> dict[str, str]:

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import IO
 
@@ -153,13 +153,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     child_env = {**os.environ, **rendezvous}
     print(f"{_PREFIX}: " + " ".join(f"{k}={v}" for k, v in rendezvous.items()), file=sys.stderr)
 
+    node, nnodes = int(rendezvous["NODE_RANK"]), int(rendezvous["NNODES"])
+    return start_command(_PREFIX, args, lambda: run_marked(args, child_env, node, nnodes))
+
+
+def start_command(prefix: str, args: Sequence[str], start: Callable[[], int]) -> int:
+    """``start()`` the job's command (run it, or ``exec`` it); when it cannot start, say why on stderr
+    under ``prefix`` and return 127 (not found) or 126 (cannot be executed), as a shell would."""
     try:
-        return run_marked(args, child_env, int(rendezvous["NODE_RANK"]), int(rendezvous["NNODES"]))
+        return start()
     except FileNotFoundError:
-        print(f"{_PREFIX}: command not found: {args[0]!r}", file=sys.stderr)
+        print(f"{prefix}: command not found: {args[0]!r}", file=sys.stderr)
         return 127
     except OSError as exc:
-        print(f"{_PREFIX}: cannot execute {args[0]!r}: {exc}", file=sys.stderr)
+        print(f"{prefix}: cannot execute {args[0]!r}: {exc}", file=sys.stderr)
         return 126
 
 

@@ -148,14 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     child_env.pop(ENV_SECRET_REFS, None)
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
-        os.execvpe(args[0], args, child_env)
-    except FileNotFoundError:
-        print(f"{_PREFIX}: command not found: {args[0]!r}", file=sys.stderr)
-        return 127
-    except OSError as exc:
-        print(f"{_PREFIX}: cannot execute {args[0]!r}: {exc}", file=sys.stderr)
-        return 126
+    from gpu_provider.runtime.launch import start_command
+
+    def execute() -> int:
+        os.execvpe(args[0], args, child_env)  # replaces this process: returns only by raising
+
+    return start_command(_PREFIX, args, execute)
 
 
 if __name__ == "__main__":

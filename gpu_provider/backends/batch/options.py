@@ -18,6 +18,20 @@ SHARE_IDENTIFIER = re.compile(r"[A-Za-z0-9_]{1,255}")
 TEAM = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
 
+def _mapping(value: Any, where: str, allowed: str) -> Mapping[Any, Any]:
+    """``value`` as a mapping (JSON text is parsed), or an error naming ``where`` and what is ``allowed``."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"{where} must be {allowed}; got text that is not JSON") from None
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where} must be {allowed}; got JSON {type(value).__name__}")
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{where} ({type(value).__name__}) must be {allowed}")
+    return value
+
+
 def secrets(secrets: Any) -> dict[str, str]:
     """``secrets=``: variable names to references (one shape on every AWS backend: see
     :func:`gpu_provider.runtime.secrets.check_refs`); Batch resolves them with the execution role."""
@@ -32,15 +46,7 @@ def share_identifiers(value: Any) -> dict[str, str]:
         if not value:
             return {}
     allowed = 'a mapping of team names to Batch share identifiers, e.g. {"team-a": "teamA"} (or that as JSON)'
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError(f"{where} must be {allowed}; got text that is not JSON") from None
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{where} must be {allowed}; got JSON {type(value).__name__}")
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{where} ({type(value).__name__}) must be {allowed}")
+    value = _mapping(value, where, allowed)
     out: dict[str, str] = {}
     for team, share in value.items():
         if not isinstance(team, str) or not TEAM.fullmatch(team):
@@ -71,15 +77,7 @@ def queues_by_instance_type(value: Any) -> dict[str, dict[str, str]]:
         'a mapping of instance types to a job queue, or to {"spot": <queue>, "on-demand": <queue>}, e.g. '
         '{"p5.48xlarge": {"spot": "p5-spot", "on-demand": "p5-od"}, "g6e.48xlarge": "g6e"} (or that as JSON)'
     )
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError(f"{where} must be {allowed}; got text that is not JSON") from None
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{where} must be {allowed}; got JSON {type(value).__name__}")
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{where} ({type(value).__name__}) must be {allowed}")
+    value = _mapping(value, where, allowed)
     out: dict[str, dict[str, str]] = {}
     for instance_type, queues in value.items():
         if not isinstance(instance_type, str) or not instance_type.strip():
