@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_provider.capacity.policies import (
-    _BY_NAME,
-    _DEFAULT_MAX_INTERRUPTIONS,
-    _DEFAULT_MAX_NODE_FAULTS,
-    _DEFAULT_SPOT_WAIT_S,
+from gpu_provider.capacity import (
     MAX_BACKOFF_S,
     MAX_INTERRUPTIONS,
     CapacityPolicy,
@@ -25,10 +21,6 @@ __all__ = [
     "ON_DEMAND",
     "PREEMPTED",
     "SPOT",
-    "_BY_NAME",
-    "_DEFAULT_MAX_INTERRUPTIONS",
-    "_DEFAULT_MAX_NODE_FAULTS",
-    "_DEFAULT_SPOT_WAIT_S",
     "CapacityPolicy",
     "Interruption",
     "OnDemand",
