@@ -21,8 +21,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Mapping
-from typing import Any
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Collection, Mapping
+from typing import Any, TypeVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -79,6 +80,28 @@ EVENT_STATUS_BY_OUTCOME = {
 }
 
 
+_T = TypeVar("_T")
+#: what :func:`within` returns when the time ran out first
+TIMED_OUT: Any = object()
+
+
+async def within(awaitable: Awaitable[_T], timeout: float | None) -> _T:
+    """``awaitable``'s result, or :data:`TIMED_OUT` after ``timeout`` seconds (None: no limit).
+
+    Not ``asyncio.wait_for``: on Python 3.10 and 3.11 it swallows a cancellation that arrives as the
+    awaited thing completes, and a trigger the triggerer cancelled (its task cleared, killed or
+    moved) then went on waiting for ever. Here the caller's cancellation always propagates; a queue
+    item not yet taken when the time runs out stays in the queue.
+    """
+    inner = asyncio.ensure_future(awaitable)
+    try:
+        done, _ = await asyncio.wait({inner}, timeout=timeout)
+    finally:
+        if not inner.done():
+            inner.cancel()
+    return inner.result() if done else TIMED_OUT
+
+
 def event_backstop_interval() -> float:
     """``[gpu_provider] event_backstop_interval`` in seconds (default 60)."""
     raw = provider_config("event_backstop_interval")
@@ -125,6 +148,8 @@ class SharedPoller:
 
     def __init__(self, backend: Backend, interval: float, key: tuple[int, str, float]) -> None:
         self.backend = backend
+        #: the event loop it polls on (a later loop may reuse a closed one's id: the key alone cannot tell)
+        self._loop = weakref.ref(asyncio.get_running_loop())
         self.interval = interval
         self._key = key
         self._subscribers: dict[str, tuple[JobHandle, list[asyncio.Queue[JobStatus | BaseException]]]] = {}
@@ -149,7 +174,7 @@ class SharedPoller:
         loop = asyncio.get_running_loop()
         key = (id(loop), json.dumps(backend.spec(), sort_keys=True, default=str), float(interval))
         poller = cls._pollers.get(key)
-        if poller is None:
+        if poller is None or poller._loop() is not loop:
             poller = cls._pollers[key] = cls(backend, interval, key)
         return poller
 
@@ -244,10 +269,7 @@ class SharedPoller:
                 if wait <= 0:
                     await asyncio.sleep(0)
                     continue
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=wait)
-                except asyncio.TimeoutError:
-                    pass
+                await within(self._wake.wait(), wait)
         finally:
             if detach is not None:
                 detach()
@@ -400,9 +422,8 @@ class GpuJobTrigger(BaseTrigger):
         last: JobStatus | None = None
         try:
             while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), timeout=self._next_look(last))
-                except asyncio.TimeoutError:
+                item = await within(queue.get(), self._next_look(last))
+                if item is TIMED_OUT:
                     if last is None or watch.past_deadline():  # the deadline came while no status arrived
                         yield self._event(DEADLINE_EVENT, None, self._deadline_message(backend, handle))
                         return

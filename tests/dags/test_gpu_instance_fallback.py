@@ -25,7 +25,9 @@ def test_the_task_runs_on_the_first_type_this_machine_has(harness: Harness) -> N
     shutil.copy(DAG_FILE, dag_file)
     env = {
         "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(harness.state_dir),
-        "GPU_CAPACITY_WAIT_S": "1",
+        # long enough for the local supervisor to start and place the L40S job on a loaded machine (its start
+        # counts toward the capacity wait, as a service's own start-up does); p5 and p4d wait it out in full
+        "GPU_CAPACITY_WAIT_S": "6",
         "GPU_EXAMPLE_NVIDIA_SMI": str(smi),
     }
     run = harness.run(dag_file, "gpu_instance_fallback", extra_env=env)

@@ -246,7 +246,12 @@ def test_killing_a_running_task_stops_its_training_job(harness: Harness, sagemak
     assert tags and tags[-1]["Value"].startswith(CANCEL_PREFIX + "Airflow task sm_kill.job of run ")
     wait_for(lambda: not pid_alive(job_pid), 15, "the host process to stop")
     worker.wait(timeout=30)
-    assert sagemaker.describe(stop["TrainingJobName"])["TrainingJobStatus"] == "Stopped"
+    # Stopping -> Stopped happens on the service's own time, as on AWS: wait for it rather than read once
+    wait_for(
+        lambda: sagemaker.describe(stop["TrainingJobName"])["TrainingJobStatus"] == "Stopped",
+        30,
+        "the training job to reach Stopped",
+    )
 
 
 def test_killing_a_deferred_task_stops_its_training_job(sagemaker: SageMakerWorld) -> None:
