@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.harness import REPO
 
 SHARED = """
@@ -39,6 +41,7 @@ def test_free(tmp_path, i):
 """
 
 
+@pytest.mark.timeout(900)  # a pytest run of its own, with Airflow to import in each worker: minutes on a loaded machine
 def test_tests_sharing_a_module_fixture_or_a_group_mark_run_on_one_worker(tmp_path: Path) -> None:
     """With `make test`'s options, tests that use a module-scoped fixture (such as the `airflow
     standalone` of tests/integration) all run on one worker, which builds the fixture once; so do
@@ -59,7 +62,7 @@ def test_tests_sharing_a_module_fixture_or_a_group_mark_run_on_one_worker(tmp_pa
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=600,
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

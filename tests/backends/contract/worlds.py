@@ -67,11 +67,12 @@ def py(code: str) -> tuple[str, ...]:
     return (sys.executable, "-c", textwrap.dedent(code))
 
 
-#: a job that runs about 10 s unless stopped (tests stop it long before)
+#: a job that runs about 60 s unless stopped (tests stop it long before; on a loaded machine a test's own
+#: waits can take tens of seconds, and a 10 s job then ended under a test that needed it running)
 LONG_JOB = py(
     """
     import time
-    for i in range(100):
+    for i in range(600):
         print('tick', i, flush=True)
         time.sleep(0.1)
     """
