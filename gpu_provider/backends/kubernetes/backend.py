@@ -266,7 +266,8 @@ class KubernetesBackend(Backend):
         return handle_of(created, kind, backend=self.name, namespace=self.namespace)
 
     def poll(self, handles: Sequence[JobHandle]) -> PollResult:
-        """The pods (and Jobs) of ``handles`` and nothing else that ended (the LISTs: :func:`.status.fetch`)."""
+        """The pods (and Jobs) of ``handles`` and nothing else that ended (which LISTs:
+        :func:`~gpu_provider.backends.kubernetes.status.fetch`); an attempt that cannot be read fails alone."""
         if not handles:
             return {}
         grouped, jobs = status.fetch(self._objects, handles)
@@ -288,6 +289,7 @@ class KubernetesBackend(Backend):
     def _status(
         self, handle: JobHandle, by_attempt: Mapping[str, list[dict[str, Any]]], jobs: Mapping[str, dict[str, Any]]
     ) -> JobStatus:
+        """One attempt's status from what :meth:`poll` fetched."""
         return status.attempt_status(
             handle,
             by_attempt,
