@@ -8,16 +8,26 @@ in that second (which come again). The cursor of a pod is the timestamp of the l
 many lines carried exactly that timestamp, and the bytes taken within its second; lines at or before
 it are dropped. What a read brings again is at most the lines written in one second, and nothing
 once a complete read has begun :data:`SETTLED_S` after that second.
+
+:func:`read` follows an attempt's pods this way; :func:`tail` reads the last lines of each.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpu_provider.backends.base import MAX_LOG_LINE_CHARS, clip_line
+from gpu_provider.backends.base import LOG_READ_BYTES, MAX_LOG_LINE_CHARS, JobHandle, LogChunk, clip_line
+from gpu_provider.backends.kubernetes.calls import POLL_ATTEMPTS, call, read_log, status_of
+from gpu_provider.backends.kubernetes.manifests import CONTAINER
+from gpu_provider.backends.kubernetes.mapping import pod_times, rank_of
+
+if TYPE_CHECKING:
+    from gpu_provider.backends.kubernetes.objects import Objects
 
 #: the most bytes a read that has taken nothing yet asks for: one line of the longest kept
 #: (:data:`MAX_LOG_LINE_CHARS` characters of up to 4 bytes) and its timestamp
@@ -27,6 +37,8 @@ _STAMP = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d
 #: seconds after which a second of the log is taken as complete (the node's and this machine's clocks
 #: may differ by this much): until then a read brings that second's lines again
 SETTLED_S = 2.0
+#: pods of a multi-node attempt whose last lines :func:`tail` reads
+TAIL_PODS = 8
 
 Key = tuple[int, int]
 
@@ -166,3 +178,103 @@ def take(
             used += len(out[-1].encode()) + 1
             mark.key, mark.count, mark.second_bytes = (mark.key[0] + 1, 0), 0, 0
     return used, cut
+
+
+def read(
+    objects: Objects, handle: JobHandle, cursor: str | None = None, *, max_bytes: int = LOG_READ_BYTES
+) -> LogChunk:
+    """Lines of every pod of the attempt after ``cursor``, ``rank N:`` prefixed for multi-node
+    attempts; only complete lines of a running container are taken.
+
+    One LIST of the attempt's pods by its label, then per pod one read from the cursor (``sinceTime``,
+    ``limitBytes``), so the bytes read over a job's life are about its log's size, however often it is read."""
+    try:
+        loaded = json.loads(cursor) if cursor else {}
+    except ValueError:
+        loaded = {}
+    marks: dict[str, Any] = loaded if isinstance(loaded, dict) else {}
+    pods = objects.attempt_pods(handle.name)
+    multi = int(handle.extra.get("nodes") or 1) > 1
+    lines: list[str] = []
+    size = 0
+    more = False
+    for pod in pods:
+        name = str(pod["metadata"]["name"])
+        state = (pod.get("status") or {}).get("phase")
+        if state == "Pending" and not pod_times(pod)[0]:
+            continue
+        ended = state in ("Succeeded", "Failed")
+        prefix = f"rank {rank_of(pod)}: " if multi else ""
+        mark = PodMark.load(marks.get(name))
+        used, stopped = read_pod(objects, name, mark, ended, max_bytes - size, prefix, lines)
+        marks[name] = mark.dump()
+        size += used
+        if stopped:
+            more = True
+            break
+    return LogChunk(lines=lines, cursor=json.dumps(marks, sort_keys=True) if marks else cursor, more=more)
+
+
+def read_pod(
+    objects: Objects, pod: str, mark: PodMark, ended: bool, budget: int, prefix: str, out: list[str]
+) -> tuple[int, bool]:
+    """One read of ``pod``'s log after ``mark`` into ``out``, about ``budget`` bytes; answers the bytes
+    taken and whether more is there now."""
+    allowance = budget if out else max(budget, LONG_LINE_BYTES)
+    if allowance <= 0:
+        return 0, True
+    mark.settle()
+    limit = allowance + mark.second_bytes  # the lines of the cursor's second come again
+    query: list[tuple[str, Any]] = [("container", CONTAINER), ("timestamps", "true"), ("limitBytes", limit)]
+    since = mark.since()
+    if since:
+        query.append(("sinceTime", since))
+    sent = time.time()
+    try:
+        data = call(
+            f"read log of {pod}",
+            lambda: read_log(objects.api, pod, objects.namespace, query),
+            attempts=POLL_ATTEMPTS,
+        )
+    except Exception as err:
+        if status_of(err) in (400, 404):  # not started yet, or gone
+            return 0, False
+        raise
+    used, more = take(data, mark, limit=limit, ended=ended, budget=budget, prefix=prefix, out=out)
+    if not more:
+        mark.caught_up = sent
+    return used, more
+
+
+def tail(objects: Objects, handle: JobHandle, lines: int = 20) -> list[str]:
+    """The last ``lines`` lines of the attempt's output: one read per pod (``tailLines``, at most
+    :data:`TAIL_PODS` pods), merged by their timestamps, ``rank N:`` prefixed for multi-node attempts."""
+    if lines <= 0:
+        return []
+    multi = int(handle.extra.get("nodes") or 1) > 1
+    stamped: list[tuple[tuple[int, int], int, str]] = []
+    for pod in objects.attempt_pods(handle.name)[:TAIL_PODS]:
+        name = str(pod["metadata"]["name"])
+        query: list[tuple[str, Any]] = [
+            ("container", CONTAINER),
+            ("timestamps", "true"),
+            ("tailLines", lines),
+            ("limitBytes", lines * LONG_LINE_BYTES),
+        ]
+        try:
+            data = call(
+                f"read the end of {name}'s log",
+                lambda name=name, query=query: read_log(objects.api, name, objects.namespace, query),  # type: ignore[misc]
+                attempts=POLL_ATTEMPTS,
+            )
+        except Exception as err:
+            if status_of(err) in (400, 404):
+                continue
+            raise
+        prefix = f"rank {rank_of(pod)}: " if multi else ""
+        for raw_line in data.rstrip(b"\n").split(b"\n") if data else []:
+            key, text = split_stamped(raw_line)
+            line = prefix + clip_line(text.decode("utf-8", "replace"), MAX_LOG_LINE_CHARS)
+            stamped.append((key or (0, 0), len(stamped), line))
+    stamped.sort()
+    return [line for _, _, line in stamped[-lines:]]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_provider import names
-from gpu_provider.backends.base import JobRequest
+from gpu_provider.backends.base import JobHandle, JobRequest
 
 # --- label and annotation keys ---------------------------------------------------------------------
 
@@ -44,6 +44,14 @@ GPU_RESOURCE = "nvidia.com/gpu"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 CONTAINER = "main"
+#: the kinds of an attempt's object: a Pod (one node) or an Indexed Job with its Service (several)
+POD, JOB = "Pod", "Job"
+
+
+def kind_of(handle: JobHandle) -> str:
+    """The kind of the attempt's object, :data:`POD` or :data:`JOB`, as its handle says."""
+    return str(handle.extra.get("kind") or POD)
+
 
 #: ``gpu_type=`` -> the ``karpenter.k8s.aws/instance-gpu-name`` value (and GPU memory in MiB where the
 #: name alone is ambiguous); Trainium and Inferentia are Neuron devices, not GPUs

@@ -10,13 +10,45 @@ from typing import Any
 from gpu_provider.backends.base import provider_config
 from gpu_provider.backends.common import json_option, text_option
 from gpu_provider.backends.kubernetes.manifests import (
+    GPU_NODE_LABELS,
+    is_dns1123_label,
     is_dns1123_subdomain,
     label_key_problem,
     label_value_problem,
 )
+from gpu_provider.job import GpuResources
+
+DEFAULT_NAMESPACE = "default"
+DEFAULT_SPOT_NODE_POOL = "gpu-spot"
+DEFAULT_ON_DEMAND_NODE_POOL = "gpu-on-demand"
+#: class -> the lowest ``priority=`` that gets it (the PriorityClasses in docker/karpenter/)
+DEFAULT_PRIORITY_CLASSES = {"gpu-low": -(2**31) + 1, "gpu-normal": 0, "gpu-high": 100}
+#: seconds an attempt may take from creation to running: a GPU node takes minutes to launch and
+#: pull a multi-gigabyte image (``KubernetesPodOperator`` waits 120 s)
+DEFAULT_STARTUP_TIMEOUT_S = 900.0
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_TTL_AFTER_FINISHED_S = 3600
 
 SECRET_REF = re.compile(r"([a-z0-9][-a-z0-9.]*)/([-._a-zA-Z0-9]+)")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def namespace(value: Any) -> str:
+    text = text_option("namespace", value, config_key="kubernetes_namespace", default=DEFAULT_NAMESPACE) or ""
+    if not is_dns1123_label(text):
+        raise ValueError(f"namespace={text!r} must be a DNS-1123 label (a Kubernetes namespace name)")
+    return text
+
+
+def resource_name(value: Any) -> str | None:
+    """``fractional_gpu_resource``: an extended resource name (a MIG profile or a shared GPU), or unset."""
+    text = text_option("fractional_gpu_resource", value, config_key="kubernetes_fractional_gpu_resource")
+    if text and label_key_problem(text):
+        raise ValueError(
+            f"fractional_gpu_resource={text!r} is not a resource name "
+            "(e.g. nvidia.com/mig-1g.10gb or nvidia.com/gpu.shared)"
+        )
+    return text
 
 
 def seconds(option: str, value: Any, config_key: str, default: float) -> float:
@@ -111,3 +143,31 @@ def secret_refs(value: Any) -> dict[str, tuple[str, str]]:
             )
         out[var] = (match.group(1), match.group(2))
     return out
+
+
+def priority_class(classes: Mapping[str, int], priority: int | None) -> str | None:
+    """The PriorityClass of a ``priority=`` (the class with the highest bound not above it; 0 without one)."""
+    if not classes:
+        return None
+    value = 0 if priority is None else priority
+    ranked = sorted(classes.items(), key=lambda kv: kv[1])
+    chosen = ranked[0][0]
+    for name, bound in ranked:
+        if bound <= value:
+            chosen = name
+    return chosen
+
+
+def check_resources(resources: GpuResources, fractional_gpu_resource: str | None) -> None:
+    """Refuse what the backend cannot place: a GPU share without a shared resource, an unknown GPU type."""
+    if resources.fractional and not fractional_gpu_resource:
+        raise ValueError(
+            f"resources.gpus={resources.gpus!r}: the kubernetes backend shares a GPU through a MIG profile or "
+            "the device plugin's shared resource; set fractional_gpu_resource (e.g. 'nvidia.com/mig-1g.10gb') "
+            "or [gpu_provider] kubernetes_fractional_gpu_resource, or use gpus=1"
+        )
+    if resources.gpu_type and resources.gpu_type not in GPU_NODE_LABELS:
+        raise ValueError(
+            f"resources.gpu_type={resources.gpu_type!r}: the kubernetes backend places NVIDIA GPUs by "
+            f"karpenter.k8s.aws/instance-gpu-name; allowed: {', '.join(GPU_NODE_LABELS)}"
+        )
