@@ -438,7 +438,7 @@ class EventSource(ABC):
 
 
 class Backend(ABC):
-    """A place that runs GPU jobs. Subclasses live one package per backend under ``gpu_provider/backends/``.
+    """A place that runs GPU jobs. Subclasses live one per module under ``gpu_provider/backends/``.
 
     Backends must be cheap to construct (no client, no network in ``__init__``): the operator
     builds them at DAG parse time. Every method may be called from a thread.

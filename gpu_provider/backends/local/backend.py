@@ -40,7 +40,6 @@ from gpu_provider.backends.local.options import (
 from gpu_provider.backends.local.prune import prune_jobs, prune_now_and_then
 from gpu_provider.backends.local.status import read_status
 from gpu_provider.exceptions import GpuJobElsewhereError, GpuJobError, GpuJobStatusError
-from gpu_provider.job import GpuResources
 
 log = logging.getLogger("gpu_provider.backends.local")
 
@@ -79,7 +78,8 @@ class LocalBackend(Backend):
         Default 7.
     :param run_as_user: run the job's processes as this user (its uid, primary group and groups),
         like Airflow's ``run_as_user`` impersonation; default ``[gpu_provider] local_run_as_user``,
-        else the worker's own user. The worker must run as root. Never from a template.
+        else the worker's own user. The worker must run as root. Never from a template. Checked at submit,
+        not at parse time (the DAG processor that parses the DAG may run as another user).
     :param working_dir: the folder the job's command runs in, an absolute path (checked when the job is
         submitted: it must be a folder there). Default: the worker's current folder. Never from a template.
 
@@ -183,21 +183,6 @@ class LocalBackend(Backend):
     def from_options(cls, **options: Any) -> LocalBackend:
         """Rebuild from :meth:`options` or from rendered template strings (``grace_period="3"``...)."""
         return cls(**options)
-
-    def validate(
-        self,
-        resources: GpuResources,
-        capacity: str,
-        *,
-        multi_capacity: bool,
-        priority: int | None = None,
-        max_runtime_s: float | None = None,
-    ) -> None:
-        """The shared checks. Whether the worker can switch to ``run_as_user`` (it runs as root, the user
-        exists) is checked at submit: the DAG processor that parses the DAG may run as another user."""
-        super().validate(
-            resources, capacity, multi_capacity=multi_capacity, priority=priority, max_runtime_s=max_runtime_s
-        )
 
     def validate_instance_fallback(self, instance_types: Sequence[str]) -> None:
         """The local backend runs an instance type on this machine's GPUs of its model (the price table's
