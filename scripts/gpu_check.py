@@ -17,9 +17,9 @@ import sys
 import tempfile
 import time
 
-from gpu_provider.backends._local_gpus import detect_gpus
 from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, JobStatus, TaskKey
 from gpu_provider.backends.local import LocalBackend
+from gpu_provider.backends.local.gpus import detect_gpus
 from gpu_provider.job import GpuResources
 
 PROBE = """

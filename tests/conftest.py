@@ -85,11 +85,11 @@ def gpu_job_cwd() -> Path:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # Every job the tests started was cancelled or finished: its supervisor must be exiting. Wait for
     # the supervisors this process started, and name any that would outlive the session.
-    from gpu_provider.backends import local
+    from gpu_provider.backends.local import launch
 
     deadline = time.monotonic() + 15
     leftovers = []
-    for proc in list(local._children):
+    for proc in list(launch._children):
         try:
             proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

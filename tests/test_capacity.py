@@ -164,8 +164,8 @@ def test_a_task_naming_types_a_backend_cannot_place_is_refused_when_the_dag_is_p
 
 
 def test_the_local_backend_places_a_type_by_its_nvidia_gpu_model() -> None:
-    from gpu_provider.backends._local_gpus import gpu_model
     from gpu_provider.backends.local import LocalBackend
+    from gpu_provider.backends.local.gpus import gpu_model
 
     LocalBackend().validate_instance_fallback(TYPES)  # h100, a100, l40s
     with pytest.raises(ValueError, match=r"'trn1.2xlarge' has no NVIDIA GPU model .*accelerator: trn1.*allowed: "):

@@ -1,4 +1,4 @@
-"""Backends: one module per place that runs jobs. Import a backend module only when it is used."""
+"""Backends: one package per place that runs jobs. Import a backend package only when it is used."""
 
 from __future__ import annotations
 

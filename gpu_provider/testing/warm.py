@@ -231,7 +231,7 @@ def _warm_up() -> None:
     initialize = getattr(app, "_cadwyn_initialize", None)  # builds the versioned routes a first request would
     if callable(initialize) and not getattr(app, "_cadwyn_initialized", True):
         initialize()
-    import gpu_provider.backends.local
+    import gpu_provider.backends.local.backend
     import gpu_provider.operators
     import gpu_provider.sensors  # noqa: F401
 

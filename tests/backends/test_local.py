@@ -23,8 +23,6 @@ from typing import Any, TypeVar
 import pytest
 
 from gpu_provider import names
-from gpu_provider.backends import _local_common as common
-from gpu_provider.backends import local as local_module
 from gpu_provider.backends.base import (
     JobHandle,
     JobIdentity,
@@ -36,7 +34,8 @@ from gpu_provider.backends.base import (
     map_state,
     resolve_backend,
 )
-from gpu_provider.backends.local import STATE_TABLE, LocalBackend
+from gpu_provider.backends.local import STATE_TABLE, LocalBackend, common
+from gpu_provider.backends.local import backend as local_module
 from gpu_provider.job import GpuResources
 
 PY = sys.executable
@@ -189,7 +188,7 @@ def test_state_table_maps_every_supervisor_state() -> None:
 
 def test_supervisor_does_not_import_airflow() -> None:
     code = (
-        "import sys, gpu_provider.backends._local_supervisor; "
+        "import sys, gpu_provider.backends.local.supervisor; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'airflow'))"
     )
     out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True, timeout=30)

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_provider.backends import _local_common as common
-from gpu_provider.backends import local as local_module
 from gpu_provider.backends.base import JobState, JobStatus, TaskKey
-from gpu_provider.backends.local import LocalBackend
+from gpu_provider.backends.local import LocalBackend, common
+from gpu_provider.backends.local import launch as local_launch
 from gpu_provider.exceptions import GpuJobError, GpuJobStatusError
 from tests.backends import test_local
 from tests.backends.test_local import GRACE, TASK, Local, job, running, wait_for
@@ -112,11 +111,11 @@ def test_a_submit_that_fails_on_a_full_disk_leaves_nothing_behind(disk_local: Lo
     wait_for("the first job's supervisor gone", lambda: not running(warm_supervisor))
     before = sorted(os.listdir(local.backend.state_dir / common.JOBS_DIR))
     filler = fill(small_disk)
-    children = {id(proc) for proc in local_module._children}
+    children = {id(proc) for proc in local_launch._children}
     with pytest.raises(GpuJobError, match=r"could not write its folder in .*No space left on device"):
         local.submit(job("print('never')"))
     assert sorted(os.listdir(local.backend.state_dir / common.JOBS_DIR)) == before  # no folder, not even half
-    assert {id(proc) for proc in local_module._children} <= children  # no supervisor started
+    assert {id(proc) for proc in local_launch._children} <= children  # no supervisor started
     assert processes_mentioning(str(small_disk)) == []
 
     filler.unlink()

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_provider.backends import _local_common as common
 from gpu_provider.backends.base import JobState
-from gpu_provider.backends.local import LocalBackend
+from gpu_provider.backends.local import LocalBackend, common
 from gpu_provider.exceptions import GpuJobError
 from tests.backends import test_local
 from tests.backends.test_local import Local, job

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 from gpu_provider import names
-from gpu_provider.backends._local_common import REQUEST_FILE
+from gpu_provider.backends.local.common import REQUEST_FILE
 from gpu_provider.testing.dagrun import load_dags
 from tests.batch_world import BatchWorld
 from tests.harness import Harness, pid_alive, wait_for

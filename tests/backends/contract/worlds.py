@@ -29,8 +29,6 @@ from typing import ClassVar
 import pytest
 
 from gpu_provider import names
-from gpu_provider.backends import _local_common as local_common
-from gpu_provider.backends import _local_gpus as local_gpus
 from gpu_provider.backends.base import (
     Backend,
     Capabilities,
@@ -44,6 +42,8 @@ from gpu_provider.backends.base import (
 )
 from gpu_provider.backends.base import backend_class as registered_backend_class
 from gpu_provider.backends.local import LocalBackend
+from gpu_provider.backends.local import common as local_common
+from gpu_provider.backends.local import gpus as local_gpus
 from gpu_provider.exceptions import GpuJobStatusError
 from gpu_provider.job import GpuResources
 from tests.batch_world import BatchWorld

@@ -11,8 +11,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from gpu_provider.backends import _local_common as local_common
 from gpu_provider.backends.base import JobHandle
+from gpu_provider.backends.local import common as local_common
 from tests.backends.contract.worlds import (
     BackendWorld,
     BatchBackendWorld,

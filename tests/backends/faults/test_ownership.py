@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 
 from gpu_provider import names
-from gpu_provider.backends._local_common import CANCEL_FILE
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
 from gpu_provider.backends.local import LocalBackend
+from gpu_provider.backends.local.common import CANCEL_FILE
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Submit, Wait
 from gpu_provider.engine.runner import AttemptRunner
 from gpu_provider.engine.watch import CAPACITY_TIMEOUT, DEADLINE, RESTART_LIMIT

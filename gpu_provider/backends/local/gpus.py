@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_provider.backends._local_common import ALLOC_FILE, ALLOC_LOCK_FILE, is_alive, read_json, write_json_atomic
+from gpu_provider.backends.local.common import ALLOC_FILE, ALLOC_LOCK_FILE, is_alive, read_json, write_json_atomic
 
 #: slack for float sums of fractional shares (0.1 + 0.2 + 0.7 must fit on one device)
 _EPS = 1e-9

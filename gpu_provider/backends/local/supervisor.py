@@ -1,4 +1,4 @@
-"""The per-job supervisor of the local backend: ``python -m gpu_provider.backends._local_supervisor <job_dir>``.
+"""The per-job supervisor of the local backend: ``python -m gpu_provider.backends.local.supervisor <job_dir>``.
 
 ``LocalBackend.submit`` starts one supervisor per job in a new session, so the job outlives the
 Airflow worker that submitted it. The supervisor waits for GPUs, starts one process per node (each
@@ -6,7 +6,7 @@ in its own session and process group, so the command's children can be stopped w
 ``run_as_user`` when the request names one), copies their output into ``job.log``, enforces the max
 runtime and simulated spot interruptions, and records every state change in ``status.json``.
 SIGTERM (sent by ``LocalBackend.cancel``) stops the job as cancelled. The on-disk layout is
-described in :mod:`gpu_provider.backends._local_common`.
+described in :mod:`gpu_provider.backends.local.common`.
 
 The job's environment values arrive on stdin (one JSON object, read before anything else) and
 stay in this process's memory: they are never written to disk.
@@ -37,8 +37,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from gpu_provider.backends import _local_common as common
-from gpu_provider.backends._local_gpus import Allocation, allocate, format_devices, never_fits, release
+from gpu_provider.backends.local import common
+from gpu_provider.backends.local.gpus import Allocation, allocate, format_devices, never_fits, release
 from gpu_provider.runtime.faults import fault_in_line
 from gpu_provider.runtime.output import end_of_log_line
 
