@@ -122,6 +122,9 @@ class BatchEmulator(OnePerProcess, ServiceKnobs, BatchEnvironment, BatchApi, Job
         the region, as a task role would give a real container access to AWS.
     """
 
+    _one_of: ClassVar[str] = "batch"
+    _title: ClassVar[str | None] = "AWS Batch emulator"
+
     def __init__(
         self,
         *,
@@ -154,9 +157,6 @@ class BatchEmulator(OnePerProcess, ServiceKnobs, BatchEnvironment, BatchApi, Job
         self._routes: list[tuple[str, re.Pattern[str], str]] = []
         self._saved_transition: dict[str, Any] | None = None
         self._setup: BatchSetup | None = None
-
-    _one_of: ClassVar[str] = "batch"
-    _title: ClassVar[str | None] = "AWS Batch emulator"
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -111,6 +111,9 @@ class Ec2SpotEmulator(OnePerProcess):
     :param region: the region of :meth:`client`.
     """
 
+    _one_of: ClassVar[str] = "ec2"
+    _stop_at_exit: ClassVar[bool] = False
+
     def __init__(self, *, port: int = 0, endpoint_url: str | None = None, region: str = "us-east-1") -> None:
         self.port = port
         self.endpoint_url = endpoint_url or ""
@@ -124,9 +127,6 @@ class Ec2SpotEmulator(OnePerProcess):
         self._prices: list[PriceEntry] = []
         self._log = RequestLog()
         self._faults = Faults()
-
-    _one_of: ClassVar[str] = "ec2"
-    _stop_at_exit: ClassVar[bool] = False
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -98,6 +98,9 @@ class SageMakerEmulator(OnePerProcess, ServiceKnobs, SageMakerApi, JobRunner):
     :param spot_discount: the share of a spot job's training time SageMaker does not bill.
     """
 
+    _one_of: ClassVar[str] = "sagemaker"
+    _title: ClassVar[str | None] = "SageMaker emulator"
+
     def __init__(
         self,
         *,
@@ -128,9 +131,6 @@ class SageMakerEmulator(OnePerProcess, ServiceKnobs, SageMakerApi, JobRunner):
         self._s3: Any = None
         self._wait_clock = 1.0
         self._status_only_modified = False
-
-    _one_of: ClassVar[str] = "sagemaker"
-    _title: ClassVar[str | None] = "SageMaker emulator"
 
     # ------------------------------------------------------------------ lifecycle
 
