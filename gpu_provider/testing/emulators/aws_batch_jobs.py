@@ -10,13 +10,10 @@ answers for the nodes of multi-node jobs (``<jobId>#<index>``, :class:`NodeView`
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -28,8 +25,11 @@ from typing import Any
 from moto.batch import models as batch_models
 
 from gpu_provider.runtime.secrets import resolve as resolve_secrets
+from gpu_provider.testing.emulators.aws_common import DUMMY_CREDENTIALS, aws_client, job_aws_env
 from gpu_provider.testing.emulators.aws_events import publish
-from gpu_provider.testing.emulators.core import current_body
+from gpu_provider.testing.emulators.core import current_body, kill_group, python_env
+
+__all__ = ["DUMMY_CREDENTIALS", "kill_group"]  # (also importable from here, as before)
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,7 @@ ESSENTIAL_CONTAINER_EXITED = "Essential container in task exited"
 DEPENDENT_JOB_FAILED = "Dependent Job failed"
 ATTEMPT_TIMED_OUT = "Job attempt duration exceeded timeout"
 MAIN_NODE_ADDRESS = "127.0.0.1"
-DUMMY_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
-_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
 _POLL = 0.05
 #: A job held RUNNABLE is woken by :meth:`JobRunner._nudge_held` or a stop request; this is only a safety net.
 _HELD_RECHECK = 5.0
@@ -122,13 +120,6 @@ def target_nodes(target: str, num_nodes: int) -> range:
     if not sep:
         return range(int(start), int(start) + 1)
     return range(int(start) if start else 0, (int(end) if end else num_nodes - 1) + 1)
-
-
-def kill_group(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
-    if proc is None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
 
 
 class JobRunner:
@@ -347,12 +338,9 @@ class JobRunner:
         refs = {str(s["name"]): str(s["valueFrom"]) for s in container.get("secrets") or []}
         if not refs:
             return {}
-        import boto3
 
         def client(service: str, region: str | None) -> Any:
-            return boto3.client(
-                service, endpoint_url=self.endpoint_url, region_name=region or self.region, **DUMMY_CREDENTIALS
-            )
+            return aws_client(service, endpoint_url=self.endpoint_url, region=region or self.region)
 
         return resolve_secrets(refs, client)
 
@@ -372,20 +360,9 @@ class JobRunner:
             logger.info("image %s is not pulled: AWS Batch emulator jobs run their command on this host", image)
 
     def _base_env(self) -> dict[str, str]:
-        env = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
-        here = os.path.dirname(sys.executable)
-        env["PATH"] = os.pathsep.join(p for p in (here, env.get("PATH", os.defpath)) if p)
-        env["PYTHONUNBUFFERED"] = "1"
+        env = python_env()
         if self.job_aws_env:
-            env.update(
-                {
-                    "AWS_ENDPOINT_URL": self.endpoint_url,
-                    "AWS_ACCESS_KEY_ID": DUMMY_CREDENTIALS["aws_access_key_id"],
-                    "AWS_SECRET_ACCESS_KEY": DUMMY_CREDENTIALS["aws_secret_access_key"],
-                    "AWS_REGION": self.region,
-                    "AWS_DEFAULT_REGION": self.region,
-                }
-            )
+            env.update(job_aws_env(self.endpoint_url, self.region))
         return env
 
     def _start_nodes(self, run: JobRun) -> None:

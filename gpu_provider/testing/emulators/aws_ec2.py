@@ -33,23 +33,14 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
-import boto3
 from moto.core.responses import ActionResult
 from moto.ec2.exceptions import EC2ClientError
 from moto.ec2.responses import EC2Response
 
-from gpu_provider.testing.emulators.aws_batch_jobs import DUMMY_CREDENTIALS
-from gpu_provider.testing.emulators.core import (
-    Faults,
-    Middleware,
-    Patches,
-    RecordingMotoServer,
-    RequestLog,
-    aws_client_of,
-)
+from gpu_provider.testing.emulators.aws_common import OnePerProcess, aws_client
+from gpu_provider.testing.emulators.core import Faults, Patches, RecordingMotoServer, RequestLog, aws_client_of
 
 PLACEMENT_SCORES = "GetSpotPlacementScores"
 PRICE_HISTORY = "DescribeSpotPriceHistory"
@@ -57,9 +48,6 @@ PRICE_HISTORY = "DescribeSpotPriceHistory"
 DEFAULT_SCORE = 1
 #: the product of an entry that does not name one (what the provider asks for)
 LINUX = "Linux/UNIX"
-
-_active_lock = threading.Lock()
-_active: Ec2SpotEmulator | None = None
 
 
 @dataclass(frozen=True)
@@ -114,7 +102,7 @@ def _page(items: list[Any], query: Mapping[str, list[str]], low: int, high: int)
     return items[start:end], (str(end) if end < len(items) else None)
 
 
-class Ec2SpotEmulator:
+class Ec2SpotEmulator(OnePerProcess):
     """Spot placement scores and spot prices on moto's EC2 (see the module doc).
 
     :param port: TCP port of the emulator's own server on 127.0.0.1 (0: a free one).
@@ -122,6 +110,9 @@ class Ec2SpotEmulator:
         emulator's) instead of starting one.
     :param region: the region of :meth:`client`.
     """
+
+    _one_of: ClassVar[str] = "ec2"
+    _stop_at_exit: ClassVar[bool] = False
 
     def __init__(self, *, port: int = 0, endpoint_url: str | None = None, region: str = "us-east-1") -> None:
         self.port = port
@@ -139,68 +130,31 @@ class Ec2SpotEmulator:
 
     # ------------------------------------------------------------------ lifecycle
 
-    @staticmethod
-    def running() -> Ec2SpotEmulator | None:
-        """The emulator started in this process, if any (the patches are per process: one at a time)."""
-        return _active
+    def _start(self) -> None:
+        """Patch moto's EC2 and, unless ``endpoint_url`` was given, start a server."""
+        self._install()
+        if self._own_server:
+            self._start_server(
+                self.port,
+                app=lambda app: app,
+                action_of=lambda environ: None,  # recorded by the patched actions themselves
+                error_style=_error_style,
+                faults=Faults(),
+                log=RequestLog(),
+            )
 
-    def start(self) -> Ec2SpotEmulator:
-        """Patch moto's EC2 and, unless ``endpoint_url`` was given, start a server; returns ``self``."""
-        global _active
-        with _active_lock:
-            if _active is not None:
-                raise RuntimeError(f"another Ec2SpotEmulator is running at {_active.endpoint_url}; stop it first")
-            _active = self
-        try:
-            self._install()
-            if self._own_server:
-                self._server = RecordingMotoServer(
-                    self.port,
-                    lambda app: Middleware(
-                        app,
-                        action_of=lambda environ: None,  # recorded by the patched actions themselves
-                        error_style=_error_style,
-                        faults=Faults(),
-                        log=RequestLog(),
-                    ),
-                )
-                self._server.start()
-                host, port = self._server.get_host_and_port()
-                self.endpoint_url = f"http://{host}:{port}"
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        """Stop the emulator's own server (if any) and undo the patches. Idempotent."""
-        global _active
-        with _active_lock:
-            if _active is not self:
-                return
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+    def _stop(self) -> None:
+        """Stop the emulator's own server (if any) and undo the patches."""
+        self._stop_server()
         self._patches.undo()
         for name in self._added:
             delattr(EC2Response, name)
         self._added.clear()
-        with _active_lock:
-            _active = None
-
-    def __enter__(self) -> Ec2SpotEmulator:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def client(self, **kwargs: Any) -> Any:
         """A boto3 EC2 client pointed at the emulator, with dummy credentials."""
-        kwargs.setdefault("region_name", self.region)
-        kwargs.setdefault("endpoint_url", self.endpoint_url)
-        return boto3.client("ec2", **DUMMY_CREDENTIALS, **kwargs)
+        endpoint_url = kwargs.pop("endpoint_url", self.endpoint_url)
+        return aws_client("ec2", endpoint_url=endpoint_url, region=self.region, **kwargs)
 
     # ------------------------------------------------------------------ what the test chooses
 

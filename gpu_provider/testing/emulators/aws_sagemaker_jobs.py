@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import tarfile
 import threading
 import time
@@ -28,14 +27,15 @@ from typing import Any
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.logs.models import logs_backends
 
+from gpu_provider.testing.emulators.aws_common import DUMMY_CREDENTIALS, job_aws_env
 from gpu_provider.testing.emulators.aws_events import publish
+from gpu_provider.testing.emulators.core import kill_group, python_env
+
+__all__ = ["DUMMY_CREDENTIALS", "kill_process"]  # (also importable from here, as before)
 
 logger = logging.getLogger("gpu_provider.testing.emulators.aws_sagemaker")
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
-DUMMY_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-
-_BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
 _TICK = 0.05
 #: A job waiting for held capacity sleeps until something it waits on changes (capacity released, the wait
 #: clock, a stop: see ``TrainingJob.nudge``) or its MaxWaitTimeInSeconds runs out; this is only a safety net.
@@ -379,19 +379,7 @@ class JobRunner:
         for host in hosts:
             logs.ensure_log_stream(LOG_GROUP, host.stream)
         job.hosts = hosts
-        base = {k: os.environ[k] for k in _BASE_ENV if k in os.environ}
-        here = os.path.dirname(sys.executable)
-        base["PATH"] = os.pathsep.join(p for p in (here, base.get("PATH", os.defpath)) if p)
-        base.update(
-            {
-                "PYTHONUNBUFFERED": "1",
-                "AWS_ENDPOINT_URL": self.endpoint_url,
-                "AWS_ACCESS_KEY_ID": DUMMY_CREDENTIALS["aws_access_key_id"],
-                "AWS_SECRET_ACCESS_KEY": DUMMY_CREDENTIALS["aws_secret_access_key"],
-                "AWS_REGION": self.region,
-                "AWS_DEFAULT_REGION": self.region,
-            }
-        )
+        base = {**python_env(), **job_aws_env(self.endpoint_url, self.region)}
         for host in hosts:
             here_ml = str(host.opt_ml)
             env = {**base, **{k: str(v).replace("/opt/ml", here_ml) for k, v in (req.get("Environment") or {}).items()}}
@@ -525,11 +513,7 @@ class JobRunner:
         job.artifacts = f"s3://{bucket}/{key}"
 
 
-def kill_process(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
-    if proc is None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+kill_process = kill_group  # the name this module gave it
 
 
 def _exit_code(proc: subprocess.Popen[bytes] | None) -> int:

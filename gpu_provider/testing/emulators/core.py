@@ -1,5 +1,6 @@
-"""The shared core of the AWS emulators: moto's threaded server with a middleware in front that
-records every request of the emulated services and injects faults, and patching helpers.
+"""The shared core of the emulators: moto's threaded server with a middleware in front that records
+every request of the emulated services and injects faults, patching helpers, and what every job runner
+gives its processes (the base environment, a signal to a process group).
 
 A service emulator (:mod:`gpu_provider.testing.emulators.aws_batch`) gives the middleware two functions: one that names
 a request's action (``SubmitJob``, ``logs:GetLogEvents``; ``None`` for requests it does not track)
@@ -23,8 +24,11 @@ import contextlib
 import io
 import json
 import logging
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -46,6 +50,29 @@ ActionOf = Callable[[dict[str, Any]], "str | None"]
 """Names the action of a WSGI request (``None``: not a request of an emulated service)."""
 ErrorStyle = Callable[[str, str], "tuple[int, str, str]"]
 """``(action, kind)`` -> (HTTP status, error code, message) as the service words that kind of error."""
+
+#: what a job process inherits from the emulator's environment (the rest comes from the job)
+BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
+
+
+def python_env() -> dict[str, str]:
+    """The base environment of a job process whose command may start with ``python``: :data:`BASE_ENV`,
+    with this interpreter's directory first on ``PATH`` (``python`` is the emulator's Python) and
+    ``PYTHONUNBUFFERED=1``, as most Python images set."""
+    env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
+    here = os.path.dirname(sys.executable)
+    env["PATH"] = os.pathsep.join(p for p in (here, env.get("PATH", os.defpath)) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def kill_group(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
+    """Send ``sig`` to the process group of ``proc`` (started in its own session); gone already: nothing."""
+    if proc is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
 
 # The request being served, per server thread: the middleware stores the parsed body here so that
 # patched backend methods (called on the same thread) see fields moto's request parser drops.

@@ -22,6 +22,8 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
+from gpu_provider.testing.emulators.core import BASE_ENV
+
 logger = logging.getLogger("gpu_provider.testing.emulators.kubernetes")
 
 CAPACITY_TYPE = "karpenter.sh/capacity-type"
@@ -30,7 +32,6 @@ INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 GPU_NAME = "karpenter.k8s.aws/instance-gpu-name"
 JOB_NAME = "batch.kubernetes.io/job-name"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "PYTHONPATH")
 TICK = 0.05
 
 

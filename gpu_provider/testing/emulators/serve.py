@@ -30,6 +30,21 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "emulator", "AWS_SECRET_ACCESS_KEY": "emulat
 SAGEMAKER_BUCKETS = ("gpu-models", "gpu-checkpoints")
 
 
+def stop_event(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> threading.Event:
+    """An event the first of ``signals`` sets: an emulator's command runs until it is set."""
+    stop = threading.Event()
+    for sig in signals:
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: a reader waiting for the file never sees half of it."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
 def _aws_connection(endpoint_url: str, region: str) -> dict[str, Any]:
     return {"conn_type": "aws", "extra": {"endpoint_url": endpoint_url, "region_name": region}}
 
@@ -136,9 +151,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "gpu-provider emulator")
     args = parser.parse_args(argv)
     if args.port < 0 or args.port > 65535:
         parser.error(f"--port {args.port}: give 0 (a free port) or a port from 1 to 65535")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_event()
     try:
         running, settings, conn_id, what = _start(args.kind, args)
     except OSError as err:
@@ -150,10 +163,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "gpu-provider emulator")
         print("# Paste into the environment of Airflow (scheduler, triggerer, workers, airflow dags test):")
         print(text, end="", flush=True)
         if args.settings_file:
-            target = Path(args.settings_file)
-            partial = target.with_name(target.name + ".tmp")
-            partial.write_text(text)
-            partial.replace(target)
+            write_atomically(Path(args.settings_file), text)
         stop.wait()
     print(f"{args.kind} emulator stopped", flush=True)
     return 0
