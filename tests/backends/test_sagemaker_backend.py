@@ -346,7 +346,7 @@ def test_a_sagemaker_task_is_validated_at_parse_time_without_importing_boto3() -
 def test_a_stop_reason_keeps_its_punctuation_through_the_tag() -> None:
     """SageMaker tag values allow letters, digits, spaces and ``_.:/=+-@``: the reason is encoded reversibly,
     so the status (and the task's XCom) reads it back exactly, not 'the job 1 time s  inside ...'."""
-    from gpu_provider.backends.sagemaker.backend import _TAG_UNSAFE, decode_tag_text, encode_tag_text
+    from gpu_provider.backends.sagemaker.ownership import _TAG_UNSAFE, decode_tag_text, encode_tag_text
 
     reason = "the service restarted the job 1 time(s) inside this attempt; stopped (see ops@example.com), 100% ok"
     value = encode_tag_text(names.CANCEL_PREFIX + reason)
