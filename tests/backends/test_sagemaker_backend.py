@@ -176,6 +176,23 @@ def test_the_state_table_maps_every_state_and_refuses_an_unknown_one() -> None:
         backend.status_of(_job("Archived", "Archived"), handle, {})
 
 
+def test_the_status_of_a_handle_that_names_its_region_asks_no_service() -> None:
+    """The logs link of a status is in the handle's region; the backend's own (none given here) is not
+    read, since learning the connection's region builds a client."""
+    backend = SageMakerBackend(**OPTIONS)
+    built: list[str] = []
+
+    def build(service: str, *, automatic_retries: bool = True) -> Any:
+        built.append(service)
+        raise AssertionError(f"a {service} client was built to read a status")
+
+    backend._clients.build = build  # type: ignore[method-assign]
+    handle = JobHandle("sagemaker", "gp-x-t1-a1", "gp-x-t1-a1", 1, "spot", 0.0, {"gpus": 1, "region": "eu-west-1"})
+    status = backend.status_of(_job("InProgress", "Training"), handle, {})
+    assert status.state is JobState.RUNNING and status.log_url is not None
+    assert status.log_url.startswith("https://eu-west-1.console.aws.amazon.com/") and built == []
+
+
 def test_restarts_and_the_spot_wait_are_read_from_the_transitions() -> None:
     transitions = [
         {"Status": "Starting", "StartTime": 100.0},
