@@ -176,6 +176,23 @@ def test_the_state_table_maps_every_state_and_refuses_an_unknown_one() -> None:
         backend.status_of(_job("Archived", "Archived"), handle, {})
 
 
+def test_the_status_of_a_handle_that_names_its_region_asks_no_service() -> None:
+    """The logs link of a status is in the handle's region; the backend's own (none given here) is not
+    read, since learning the connection's region builds a client."""
+    backend = SageMakerBackend(**OPTIONS)
+    built: list[str] = []
+
+    def build(service: str, *, automatic_retries: bool = True) -> Any:
+        built.append(service)
+        raise AssertionError(f"a {service} client was built to read a status")
+
+    backend._clients.build = build  # type: ignore[method-assign]
+    handle = JobHandle("sagemaker", "gp-x-t1-a1", "gp-x-t1-a1", 1, "spot", 0.0, {"gpus": 1, "region": "eu-west-1"})
+    status = backend.status_of(_job("InProgress", "Training"), handle, {})
+    assert status.state is JobState.RUNNING and status.log_url is not None
+    assert status.log_url.startswith("https://eu-west-1.console.aws.amazon.com/") and built == []
+
+
 def test_restarts_and_the_spot_wait_are_read_from_the_transitions() -> None:
     transitions = [
         {"Status": "Starting", "StartTime": 100.0},
@@ -346,7 +363,7 @@ def test_a_sagemaker_task_is_validated_at_parse_time_without_importing_boto3() -
 def test_a_stop_reason_keeps_its_punctuation_through_the_tag() -> None:
     """SageMaker tag values allow letters, digits, spaces and ``_.:/=+-@``: the reason is encoded reversibly,
     so the status (and the task's XCom) reads it back exactly, not 'the job 1 time s  inside ...'."""
-    from gpu_provider.backends.sagemaker.backend import _TAG_UNSAFE, decode_tag_text, encode_tag_text
+    from gpu_provider.backends.sagemaker.ownership import _TAG_UNSAFE, decode_tag_text, encode_tag_text
 
     reason = "the service restarted the job 1 time(s) inside this attempt; stopped (see ops@example.com), 100% ok"
     value = encode_tag_text(names.CANCEL_PREFIX + reason)

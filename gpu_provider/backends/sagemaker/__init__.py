@@ -1,6 +1,13 @@
 """The SageMaker backend: each attempt is one SageMaker training job, managed spot for spot attempts.
 
-* :mod:`~gpu_provider.backends.sagemaker.backend`: :class:`SageMakerBackend` (options, requests, the contract);
+* :mod:`~gpu_provider.backends.sagemaker.backend`: :class:`SageMakerBackend`, which orchestrates the modules below;
+* :mod:`~gpu_provider.backends.sagemaker.options`: its options, read and checked;
+* :mod:`~gpu_provider.backends.sagemaker.requests`: the CreateTrainingJob body (command, instances, spot, env, tags);
+* :mod:`~gpu_provider.backends.sagemaker.service`: the training job calls (create, describe, list, tags, stop);
+* :mod:`~gpu_provider.backends.sagemaker.status`: a described job as a JobStatus, a JobHandle, an OwnedJob;
+* :mod:`~gpu_provider.backends.sagemaker.ownership`: tag text, ``mark``, ``read_owner`` and the tagged stop;
+* :mod:`~gpu_provider.backends.sagemaker.logs`: the job's CloudWatch streams, read and tailed;
+* :mod:`~gpu_provider.backends.sagemaker.cache`: what polls saw, for polling only;
 * :mod:`~gpu_provider.backends.sagemaker.mapping`: what SageMaker's states mean, the instance table.
 
 Clients, throttling backoff and CloudWatch log reading are shared with the Batch backend

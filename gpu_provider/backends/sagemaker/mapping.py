@@ -38,19 +38,24 @@ state pairs that are interruptions by themselves. Each row of the three tables i
 A restart inside the job is counted from ``SecondaryStatusTransitions``: every ``Interrupted``
 transition is one spot reclaim SageMaker absorbed (:func:`restarts`).
 
-**Instances** (:data:`INSTANCE_TABLE`): ``gpu_type`` x GPUs per node -> one training instance type.
+**Instances** (:data:`INSTANCE_TABLE`): ``gpu_type`` x GPUs per node -> one training instance type
+(:func:`training_instance_for` picks a job's, ``instance_types=`` first).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from gpu_provider import names
 from gpu_provider.backends.base import JobState
+
+if TYPE_CHECKING:
+    from gpu_provider.job import GpuResources
 
 _Q, _S, _R = JobState.QUEUED, JobState.STARTING, JobState.RUNNING
 
@@ -199,6 +204,37 @@ def instance_type_for(gpu_type: str | None, gpus: int, *, default_gpu_type: str 
 def training_instance(name: str) -> str:
     """An instance type name as SageMaker writes it (``g5.2xlarge`` -> ``ml.g5.2xlarge``)."""
     return name if name.startswith("ml.") else f"ml.{name}"
+
+
+def training_instance_for(resources: GpuResources, default_instance: str | None = None) -> str:
+    """The training instance of a job: ``instance_types=``, else ``default_instance`` (the backend's
+    ``instance_type=``) for a job that names no ``gpu_type``, else the table (``gpu_type`` x GPUs per node)."""
+    if resources.instance_types:
+        if len(resources.instance_types) > 1:
+            raise ValueError(
+                f"resources.instance_types={list(resources.instance_types)!r}: a SageMaker training job runs on "
+                "one instance type; give one"
+            )
+        return training_instance(resources.instance_types[0])
+    gpus = math.ceil(resources.gpus)
+    if default_instance and not resources.gpu_type:
+        return default_instance
+    return instance_type_for(resources.gpu_type, gpus)
+
+
+def check_instance_fallback(instance_types: Sequence[str]) -> None:
+    """Each type of an ordered preference must be a training instance SageMaker prices (``ml.`` added
+    where missing)."""
+    from gpu_provider.capacity.instances import known_instance_types
+
+    known = known_instance_types()
+    for instance_type in instance_types:
+        if training_instance(instance_type) not in known:
+            allowed = ", ".join(sorted(t for t in known if t.startswith("ml.")))
+            raise ValueError(
+                f"resources.instance_types: {instance_type!r} is not a SageMaker training instance of the "
+                f"price table; allowed: {allowed}"
+            )
 
 
 def state_key(job: Mapping[str, Any]) -> str:

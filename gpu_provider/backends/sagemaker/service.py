@@ -1,0 +1,144 @@
+"""SageMaker's training job calls (create, describe, list, tags, stop), each retried on throttling.
+
+The clients, the backoff and what counts as throttling are shared with the Batch backend
+(:mod:`gpu_provider.backends.aws.calls`); this module knows SageMaker's calls and answers only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gpu_provider.backends.aws.calls import (
+    PATIENT_ATTEMPTS,
+    POLL_ATTEMPTS,
+    Clients,
+    backoff,
+    call,
+    error_code,
+    is_throttling,
+    may_have_happened,
+)
+from gpu_provider.backends.base import JobIdentity
+from gpu_provider.backends.sagemaker import mapping
+from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError
+
+if TYPE_CHECKING:
+    from botocore.client import BaseClient
+
+SERVICE = "Amazon SageMaker"
+#: most results of one ListTrainingJobs page
+LIST_PAGE = 100
+
+
+def not_found(err: BaseException) -> bool:
+    """DescribeTrainingJob's answer for a job SageMaker does not know (ValidationException, 'not found')."""
+    code = error_code(err)
+    if code == "ResourceNotFound":
+        return True
+    message = str(getattr(err, "response", {}).get("Error", {}).get("Message", "")).lower()
+    return code == "ValidationException" and "not found" in message
+
+
+class TrainingJobs:
+    """The training job calls of one backend (its connection and region); boto3 is imported on first use.
+
+    :param clients: the backend's clients (``sagemaker``, and ``logs`` for the log readers)
+    """
+
+    def __init__(self, clients: Clients) -> None:
+        self.clients = clients
+
+    def client(self, service: str = "sagemaker") -> BaseClient:
+        return self.clients.get(service)
+
+    def create(self, identity: JobIdentity, body: dict[str, Any]) -> str | None:
+        """CreateTrainingJob, sent again after throttling or a lost answer: the job's ARN, or ``None`` when
+        the name is in use."""
+        client = self.clients.get("sagemaker", automatic_retries=False)
+        for attempt in range(1, PATIENT_ATTEMPTS + 1):
+            try:
+                return str(client.create_training_job(**body)["TrainingJobArn"])
+            except Exception as err:
+                if error_code(err) == "ResourceInUse":
+                    return None  # this name exists: an earlier send created it
+                if not may_have_happened(err):
+                    raise
+                if attempt == PATIENT_ATTEMPTS:
+                    if is_throttling(err):
+                        raise GpuBackendThrottledError(
+                            f"{SERVICE} throttled CreateTrainingJob for {identity.name} {attempt} times in a row"
+                        ) from err
+                    raise GpuJobError(
+                        f"{SERVICE} CreateTrainingJob for {identity.name} failed {attempt} times "
+                        f"({type(err).__name__}: {err})"
+                    ) from err
+                time.sleep(backoff(attempt))
+        raise AssertionError("unreachable")
+
+    def describe(self, name: str, *, attempts: int = POLL_ATTEMPTS) -> dict[str, Any] | None:
+        """DescribeTrainingJob; ``None`` for a job SageMaker does not know."""
+        client = self.client()
+        try:
+            return dict(
+                call(
+                    "DescribeTrainingJob",
+                    lambda: client.describe_training_job(TrainingJobName=name),
+                    attempts=attempts,
+                    service=SERVICE,
+                )
+            )
+        except Exception as err:
+            if not_found(err):
+                return None
+            raise
+
+    def list_tags(self, arn: str) -> dict[str, str]:
+        """The job's tags, read now (every ListTags page)."""
+        client = self.client()
+        tags: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"ResourceArn": arn, "MaxResults": 100}
+            if token:
+                kwargs["NextToken"] = token
+            page = call("ListTags", lambda kwargs=kwargs: client.list_tags(**kwargs), service=SERVICE)  # type: ignore[misc]
+            tags.extend(page.get("Tags") or [])
+            token = page.get("NextToken")
+            if not token:
+                return mapping.tag_map(tags)
+
+    def list_jobs(self, *, name_contains: str, **filters: Any) -> list[dict[str, Any]]:
+        """ListTrainingJobs summaries (every page) of jobs whose name contains ``name_contains``."""
+        client = self.client()
+        summaries: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"NameContains": name_contains, "MaxResults": LIST_PAGE, **filters}
+            if token:
+                kwargs["NextToken"] = token
+            page = call(
+                "ListTrainingJobs",
+                lambda kwargs=kwargs: client.list_training_jobs(**kwargs),  # type: ignore[misc]
+                attempts=POLL_ATTEMPTS,
+                service=SERVICE,
+            )
+            summaries.extend(page.get("TrainingJobSummaries") or [])
+            token = page.get("NextToken")
+            if not token:
+                return summaries
+
+    def add_tags(self, arn: str, tags: Mapping[str, str]) -> None:
+        """AddTags on the job (a tag of the same key is replaced)."""
+        client = self.client()
+        call(
+            "AddTags",
+            lambda: client.add_tags(ResourceArn=arn, Tags=[{"Key": k, "Value": v} for k, v in tags.items()]),
+            service=SERVICE,
+        )
+
+    def stop(self, name: str) -> None:
+        """StopTrainingJob (SageMaker refuses, with ValidationException, a job that is not InProgress)."""
+        client = self.client()
+        call("StopTrainingJob", lambda: client.stop_training_job(TrainingJobName=name), service=SERVICE)
