@@ -102,7 +102,8 @@ def test_a_batch_end_comes_from_its_event_and_foreign_messages_are_left(
     foreign = {"source": "aws.batch", "detail-type": "Batch Job State Change", "detail": {"jobId": "someone-else"}}
     sqs.send_message(QueueUrl=url, MessageBody=json.dumps(foreign))
     backend = BatchBackend(**batch.queues)
-    handle = submit(backend, "batch", 2.0)
+    # long enough that the poller's first full tick (a client to build: seconds on a loaded machine) sees it running
+    handle = submit(backend, "batch", 8.0)
     started = time.monotonic()
     status, poller = run_until_end(backend, handle, SLOW, SLOW - 5)
     assert status == "succeeded"
@@ -149,7 +150,8 @@ def test_a_sagemaker_end_comes_from_its_event(
     url, _ = wire(sagemaker.emulator.client, "sagemaker", "gpu-events-sagemaker")
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__SAGEMAKER_EVENTS_QUEUE_URL", url)
     backend = SageMakerBackend(**sagemaker.options)
-    handle = submit(backend, "sagemaker", 2.0)
+    # long enough that the poller's first full tick (a client to build: seconds on a loaded machine) sees it running
+    handle = submit(backend, "sagemaker", 8.0)
     started = time.monotonic()
     status, poller = run_until_end(backend, handle, SLOW, SLOW - 5)
     assert status == "succeeded"
