@@ -1,4 +1,5 @@
-"""AWS clients and the throttling backoff the Batch and SageMaker backends share.
+"""AWS clients and the throttling backoff the Batch and SageMaker backends share, and the one-off
+clients of the code outside the backends (:func:`aws_client`, :func:`s3_client_for`).
 
 boto3 is imported only when a client is first needed, through the amazon provider's
 ``AwsBaseHook`` (credentials, region and endpoint from the Airflow connection).
@@ -18,9 +19,10 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from gpu_provider.exceptions import GpuBackendThrottledError
+from gpu_provider.extras import require_extra
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+DEFAULT_AWS_CONN_ID = "aws_default"
 
 #: Batch's and CloudWatch Logs' error codes for request throttling
 THROTTLING_CODES = frozenset({"TooManyRequestsException", "ThrottlingException", "Throttling"})
@@ -170,3 +174,29 @@ def call(what: str, fn: Callable[[], T], *, attempts: int = PATIENT_ATTEMPTS, se
             log.debug("%s throttled; retrying in %.2fs", what, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def aws_client(service: str, *, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID, region_name: str | None = None) -> Any:
+    """A boto3 client of ``service`` from the Airflow AWS connection (the amazon provider's ``AwsBaseHook``:
+    credentials, endpoint and ``config_kwargs`` from the connection), in ``region_name`` (``None``: the
+    connection's). boto3 is imported here, when the client is needed, never when a DAG file is parsed."""
+    require_extra("aws", f"the AWS {service} client")
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    hook = AwsBaseHook(aws_conn_id=aws_conn_id or DEFAULT_AWS_CONN_ID, client_type=service, region_name=region_name)
+    return hook.get_conn()
+
+
+def s3_client_for(uri: str, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID) -> Any:
+    """An S3 client from the Airflow connection for an ``s3://`` URI (the worker's side of S3 checkpoints),
+    ``None`` for other schemes.
+
+    A connection id that does not exist falls back to boto3's default credentials (the amazon
+    provider's behaviour), so a worker with an instance role needs no connection.
+    """
+    if not uri.startswith("s3://"):
+        return None
+    require_extra("aws", "an s3:// checkpoint or output location")
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    return AwsBaseHook(aws_conn_id=aws_conn_id or DEFAULT_AWS_CONN_ID, client_type="s3").get_conn()
