@@ -1,5 +1,5 @@
-"""What every backend module may use: options read with their ``[gpu_provider]`` fallback, and calls
-made from a signal handler.
+"""What every backend module may use: options read with their ``[gpu_provider]`` fallback, calls
+made from a signal handler, the attempt number in a job's name and the owner-try check of ``mark``.
 
 Each backend parses its own options (their rules differ), but reading one from its argument, then
 its config key, and naming the field in the error is the same everywhere.
@@ -151,3 +151,31 @@ def config_flag(key: str, *, default: bool) -> bool:
     if raw in ("false", "no", "off", "0"):
         return False
     raise ValueError(f"[gpu_provider] {key}={raw!r}: must be true or false")
+
+
+def port_option(option: str, value: Any) -> int:
+    """A TCP port option (``master_port``) given as a number or text; a ``ValueError`` naming it otherwise."""
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{option}={value!r} must be a TCP port number (1-65535)")
+    return port
+
+
+def check_owner_try(owner_try: Any) -> int:
+    """``owner_try`` of :meth:`~gpu_provider.backends.base.Backend.mark`, checked: an Airflow try number."""
+    if isinstance(owner_try, bool) or not isinstance(owner_try, int) or owner_try < 1:
+        raise ValueError(f"owner_try={owner_try!r} must be an Airflow try number (an integer, 1 or more)")
+    return owner_try
+
+
+#: the end of an attempt's name, ``-t<try>-a<attempt>`` (:attr:`gpu_provider.backends.base.JobIdentity.name`)
+ATTEMPT_NAME_END = re.compile(r"-t(\d+)-a(\d+)$")
+
+
+def attempt_in_name(name: str) -> int | None:
+    """The attempt number at the end of a job's name (``...-t2-a3`` -> 3); ``None`` for another name."""
+    match = ATTEMPT_NAME_END.search(name)
+    return int(match.group(2)) if match else None

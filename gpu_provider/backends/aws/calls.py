@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpu_provider.exceptions import GpuBackendThrottledError
+from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError
 from gpu_provider.extras import require_extra
 
 if TYPE_CHECKING:
@@ -173,6 +173,53 @@ def call(what: str, fn: Callable[[], T], *, attempts: int = PATIENT_ATTEMPTS, se
             delay = backoff(attempt)
             log.debug("%s throttled; retrying in %.2fs", what, delay)
             time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def send_unsure(
+    what: str,
+    send: Callable[[], T],
+    *,
+    service: str,
+    where: str = "",
+    note: str = "",
+    look_again: Callable[[BaseException], T | None] | None = None,
+    attempts: int = PATIENT_ATTEMPTS,
+) -> T:
+    """Send a request that is not idempotent (SubmitJob, CreateTrainingJob) once per try, through a client
+    without botocore's automatic retries (``Clients.get(..., automatic_retries=False)``).
+
+    A definite refusal is raised as it is: nothing was created. After an error that may have carried the
+    request out (:func:`may_have_happened`), back off, then ``look_again`` (e.g. look the job's name up):
+    what it finds is the answer; else send again, at most ``attempts`` tries.
+
+    :param what: the request and its object, in the log and the errors (``"SubmitJob for gp-train-..."``)
+    :param service: the service's name in the errors
+    :param where: said after ``what`` when the last try failed (``" on job queue 'gpu-spot'"``)
+    :param note: said at the end of either error
+
+    :raises GpuBackendThrottledError: still throttled after the last try
+    :raises GpuJobError: still failing after the last try
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return send()
+        except Exception as err:
+            if not may_have_happened(err):
+                raise  # a definite refusal (bad request, unknown queue...): nothing was created
+            if attempt == attempts:
+                if is_throttling(err):
+                    raise GpuBackendThrottledError(
+                        f"{service} throttled {what} {attempt} times in a row{note}"
+                    ) from err
+                raise GpuJobError(
+                    f"{service} {what}{where} failed {attempt} times ({type(err).__name__}: {err}){note}"
+                ) from err
+            time.sleep(backoff(attempt))
+            if look_again is not None:
+                found = look_again(err)
+                if found is not None:
+                    return found
     raise AssertionError("unreachable")
 
 
