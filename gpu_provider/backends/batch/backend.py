@@ -9,7 +9,9 @@ Capacity is chosen by queue: spot attempts go to ``spot_queue``, on-demand attem
 ``on_demand_queue``. Batch cannot run multi-node parallel jobs on spot compute environments, so a
 multi-node job that may run on spot is refused when the DAG is parsed.
 
-What Batch's answers mean is in :mod:`gpu_provider.backends.batch.mapping`. Status reads are
+:class:`BatchBackend` orchestrates; each concern is a module of :mod:`gpu_provider.backends.batch` (the
+request, the calls, the status, ownership, lookups, logs), and what Batch's answers mean is in
+:mod:`gpu_provider.backends.batch.mapping`. Status reads are
 batched: :meth:`BatchBackend.poll` asks DescribeJobs for up to 100 jobs per call. Throttling
 (``TooManyRequestsException``) is retried with full-jitter backoff and, if it persists, reported as
 :class:`~gpu_provider.exceptions.GpuBackendThrottledError`, which a waiting task never counts as a
@@ -21,10 +23,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from gpu_provider import names
-from gpu_provider.backends.aws.calls import POLL_ATTEMPTS, Clients
+from gpu_provider.backends.aws.calls import Clients
 from gpu_provider.backends.aws.status import VISIBILITY_GRACE_S
 from gpu_provider.backends.base import (
     LOG_READ_BYTES,
@@ -62,9 +64,6 @@ from gpu_provider.backends.common import (
 )
 from gpu_provider.exceptions import GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
-
-if TYPE_CHECKING:
-    from botocore.client import BaseClient
 
 __all__ = [
     "ACTIVE_BATCH_STATES",
@@ -231,9 +230,6 @@ class BatchBackend(Backend):
 
     # --- clients ----------------------------------------------------------------------------
 
-    def _client(self, service: str) -> BaseClient:
-        return self._clients.get(service)
-
     @property
     def region(self) -> str:
         """The region the clients talk to (the option, else the connection's)."""
@@ -317,12 +313,13 @@ class BatchBackend(Backend):
             queue=queue,
             definition_arn=definition_arn,
             master_port=self.master_port,
-            share_identifier=self._share(team) if self._is_fair_share(queue) else None,
+            share_identifier=(
+                requests.share_for(team, default=self.share_identifier, by_team=self.share_identifiers)
+                if self._is_fair_share(queue)
+                else None
+            ),
             priority=priority,
         )
-
-    def _share(self, team: str | None) -> str:
-        return requests.share_for(team, default=self.share_identifier, by_team=self.share_identifiers)
 
     def submit(self, request: JobRequest) -> JobHandle:
         """Create the attempt's job, or adopt the job of that name if it exists already.
@@ -399,12 +396,9 @@ class BatchBackend(Backend):
         """The handle of a job found by name (its attempt number is in the name)."""
         return status.handle_of(job, queue, summary, backend=self.name, spot_queue=self.spot_queue, region=self.region)
 
-    def _describe(self, job_ids: Sequence[str], *, attempts: int = POLL_ATTEMPTS) -> list[dict[str, Any]]:
-        return self._jobs.describe(job_ids, attempts=attempts)
-
     def poll(self, handles: Sequence[JobHandle]) -> PollResult:
         by_id = {h.job_id: h for h in handles}
-        found = {str(job.get("jobId")): job for job in self._describe(list(by_id))}
+        found = {str(job.get("jobId")): job for job in self._jobs.describe(list(by_id))}
         now = time.time()
         result: PollResult = {}
         for job_id, handle in by_id.items():
