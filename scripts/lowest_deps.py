@@ -63,7 +63,7 @@ print(json.dumps({"backends": [b.name for b in op.backends], "skipped": op.skipp
 """
 
 ALL_EXTRA = """
-from gpu_provider._aws import aws_client
+from gpu_provider.backends.aws.calls import aws_client
 from gpu_provider.backends import resolve_backend
 import gpu_provider.operators, gpu_provider.sensors
 import gpu_provider.triggers.gpu_job, gpu_provider.triggers.spot_capacity, gpu_provider.triggers.checkpoint

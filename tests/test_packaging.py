@@ -17,8 +17,8 @@ except ImportError:  # Python 3.10
 import pytest
 
 import gpu_provider
-from gpu_provider._aws import s3_client_for
 from gpu_provider.backends import registered_backends
+from gpu_provider.backends.aws.calls import s3_client_for
 from gpu_provider.extras import BACKEND_EXTRAS, EXTRAS, MissingExtraError
 from gpu_provider.get_provider_info import get_provider_info
 

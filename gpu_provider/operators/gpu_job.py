@@ -641,7 +641,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         """The newest complete checkpoint at ``uri`` (S3 through the backend's AWS connection, or aws_default)."""
         if not uri:
             return None
-        from gpu_provider._aws import s3_client_for
+        from gpu_provider.backends.aws.calls import s3_client_for
         from gpu_provider.runtime.checkpoint import latest_checkpoint
 
         return latest_checkpoint(uri, s3_client=s3_client_for(uri, getattr(backend, "aws_conn_id", None)))

@@ -158,7 +158,7 @@ class CheckpointSensor(WithTemplateFilters, BaseSensorOperator):
         return step
 
     def _check(self, uri: str, newer_than: int | None) -> dict[str, Any] | None:
-        from gpu_provider._aws import s3_client_for
+        from gpu_provider.backends.aws.calls import s3_client_for
 
         try:
             found = published_checkpoint(uri, s3_client=s3_client_for(uri, self.aws_conn_id))

@@ -321,9 +321,9 @@ class LivePrices:
         return usd
 
     def _client(self, service: str, region: str) -> Any:
-        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+        from gpu_provider.backends.aws.calls import aws_client
 
-        return AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type=service, region_name=region).get_conn()
+        return aws_client(service, aws_conn_id=self.aws_conn_id, region_name=region)
 
     def _spot(self, instance_type: str, region: str) -> float | None:
         if instance_type.startswith("ml."):

@@ -104,7 +104,7 @@ class CheckpointTrigger(BaseTrigger):
         )
 
     def _read(self) -> tuple[str, int] | None:
-        from gpu_provider._aws import s3_client_for
+        from gpu_provider.backends.aws.calls import s3_client_for
 
         if self._client is None:  # built once per run (it looks the connection up), in the reading thread
             self._client = s3_client_for(self.uri, self.aws_conn_id)

@@ -9,7 +9,7 @@
   blocking boto3 calls in a thread), until it is satisfied or the deadline passes.
 
 Clients come from the Airflow AWS connection through the amazon provider's ``AwsBaseHook``
-(:func:`gpu_provider._aws.aws_client`); boto3 is imported only when a reading is taken.
+(:func:`gpu_provider.backends.aws.calls.aws_client`); boto3 is imported only when a reading is taken.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ ClientFactory = Callable[[str], Any]
 
 def ec2_clients(aws_conn_id: str | None) -> ClientFactory:
     """EC2 clients per region from the Airflow connection, each built once."""
-    from gpu_provider._aws import aws_client
+    from gpu_provider.backends.aws.calls import aws_client
 
     built: dict[str, Any] = {}
 

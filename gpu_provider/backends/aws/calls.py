@@ -1,4 +1,5 @@
-"""AWS clients and the throttling backoff the Batch and SageMaker backends share.
+"""AWS clients and the throttling backoff the Batch and SageMaker backends share, and the one-off
+clients of the code outside the backends (:func:`aws_client`, :func:`s3_client_for`).
 
 boto3 is imported only when a client is first needed, through the amazon provider's
 ``AwsBaseHook`` (credentials, region and endpoint from the Airflow connection).
@@ -18,9 +19,10 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpu_provider.exceptions import GpuBackendThrottledError
+from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError
+from gpu_provider.extras import require_extra
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+DEFAULT_AWS_CONN_ID = "aws_default"
 
 #: Batch's and CloudWatch Logs' error codes for request throttling
 THROTTLING_CODES = frozenset({"TooManyRequestsException", "ThrottlingException", "Throttling"})
@@ -170,3 +174,76 @@ def call(what: str, fn: Callable[[], T], *, attempts: int = PATIENT_ATTEMPTS, se
             log.debug("%s throttled; retrying in %.2fs", what, delay)
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def send_unsure(
+    what: str,
+    send: Callable[[], T],
+    *,
+    service: str,
+    where: str = "",
+    note: str = "",
+    look_again: Callable[[BaseException], T | None] | None = None,
+    attempts: int = PATIENT_ATTEMPTS,
+) -> T:
+    """Send a request that is not idempotent (SubmitJob, CreateTrainingJob) once per try, through a client
+    without botocore's automatic retries (``Clients.get(..., automatic_retries=False)``).
+
+    A definite refusal is raised as it is: nothing was created. After an error that may have carried the
+    request out (:func:`may_have_happened`), back off, then ``look_again`` (e.g. look the job's name up):
+    what it finds is the answer; else send again, at most ``attempts`` tries.
+
+    :param what: the request and its object, in the log and the errors (``"SubmitJob for gp-train-..."``)
+    :param service: the service's name in the errors
+    :param where: said after ``what`` when the last try failed (``" on job queue 'gpu-spot'"``)
+    :param note: said at the end of either error
+
+    :raises GpuBackendThrottledError: still throttled after the last try
+    :raises GpuJobError: still failing after the last try
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return send()
+        except Exception as err:
+            if not may_have_happened(err):
+                raise  # a definite refusal (bad request, unknown queue...): nothing was created
+            if attempt == attempts:
+                if is_throttling(err):
+                    raise GpuBackendThrottledError(
+                        f"{service} throttled {what} {attempt} times in a row{note}"
+                    ) from err
+                raise GpuJobError(
+                    f"{service} {what}{where} failed {attempt} times ({type(err).__name__}: {err}){note}"
+                ) from err
+            time.sleep(backoff(attempt))
+            if look_again is not None:
+                found = look_again(err)
+                if found is not None:
+                    return found
+    raise AssertionError("unreachable")
+
+
+def aws_client(service: str, *, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID, region_name: str | None = None) -> Any:
+    """A boto3 client of ``service`` from the Airflow AWS connection (the amazon provider's ``AwsBaseHook``:
+    credentials, endpoint and ``config_kwargs`` from the connection), in ``region_name`` (``None``: the
+    connection's). boto3 is imported here, when the client is needed, never when a DAG file is parsed."""
+    require_extra("aws", f"the AWS {service} client")
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    hook = AwsBaseHook(aws_conn_id=aws_conn_id or DEFAULT_AWS_CONN_ID, client_type=service, region_name=region_name)
+    return hook.get_conn()
+
+
+def s3_client_for(uri: str, aws_conn_id: str | None = DEFAULT_AWS_CONN_ID) -> Any:
+    """An S3 client from the Airflow connection for an ``s3://`` URI (the worker's side of S3 checkpoints),
+    ``None`` for other schemes.
+
+    A connection id that does not exist falls back to boto3's default credentials (the amazon
+    provider's behaviour), so a worker with an instance role needs no connection.
+    """
+    if not uri.startswith("s3://"):
+        return None
+    require_extra("aws", "an s3:// checkpoint or output location")
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    return AwsBaseHook(aws_conn_id=aws_conn_id or DEFAULT_AWS_CONN_ID, client_type="s3").get_conn()

@@ -1,4 +1,5 @@
-"""Reading a Batch job's CloudWatch Logs streams (one per node) from an opaque cursor, in bounded chunks.
+"""Reading an AWS job's CloudWatch Logs streams (a Batch job's one per node, a SageMaker job's one per host
+and run) from an opaque cursor, in bounded chunks (:func:`read_log`), or their last lines (:func:`tail`).
 
 The cursor is JSON text that holds everything a reader needs to go on, so any worker or triggerer
 can continue where another stopped and the backend keeps no reading state: the job's streams once
@@ -18,8 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_provider.backends.aws.calls import POLL_ATTEMPTS, Clients, call, error_code
 from gpu_provider.backends.base import LogChunk, clip_line
 
+#: how the throttling errors name the service
+SERVICE = "CloudWatch Logs"
 #: the cursor format this module writes (a cursor of another version is refused, not misread)
 CURSOR_VERSION = 1
 #: most events CloudWatch returns per GetLogEvents page
@@ -114,3 +118,52 @@ def read_streams(
 def log_chunk(lines: list[str], cursor: LogCursor, more: bool) -> LogChunk:
     """The chunk handed to the caller (the cursor as text)."""
     return LogChunk(lines=lines, cursor=cursor.dump(), more=more)
+
+
+def read_log(
+    clients: Clients, group: str, streams: Sequence[tuple[str, str]], cursor: LogCursor, max_bytes: int
+) -> LogChunk:
+    """Read on from ``cursor`` through ``streams`` of the log ``group`` (see the module doc); a stream not
+    created yet is passed over. GetLogEvents goes through the throttling backoff with a status read's tries."""
+    client = clients.get("logs")
+
+    def get_page(kwargs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return call(
+                "GetLogEvents", lambda: client.get_log_events(**kwargs), attempts=POLL_ATTEMPTS, service=SERVICE
+            )
+        except Exception as err:
+            if error_code(err) == "ResourceNotFoundException":
+                raise StreamNotFoundError(str(kwargs["logStreamName"])) from err
+            raise
+
+    lines, more = read_streams(get_page, group, streams, cursor, max_bytes)
+    return log_chunk(lines, cursor, more)
+
+
+def tail(clients: Clients, group: str, streams: Sequence[tuple[str, str]], lines: int) -> list[str]:
+    """The last ``lines`` lines of ``streams``: one GetLogEvents from the end of each (a stream not created
+    yet is passed over), merged by time; lines of one time keep their stream's order and the streams' order."""
+    if not streams or lines <= 0:
+        return []
+    client = clients.get("logs")
+    events: list[tuple[int, str]] = []
+    for label, stream in streams:
+        try:
+            page = call(
+                "GetLogEvents",
+                lambda stream=stream: client.get_log_events(  # type: ignore[misc]
+                    logGroupName=group, logStreamName=stream, startFromHead=False, limit=lines
+                ),
+                attempts=POLL_ATTEMPTS,
+                service=SERVICE,
+            )
+        except Exception as err:
+            if error_code(err) == "ResourceNotFoundException":
+                continue
+            raise
+        for event in page.get("events") or []:
+            message = clip_line(str(event.get("message", "")).rstrip("\n"))
+            events.append((int(event.get("timestamp") or 0), label + message))
+    events.sort(key=lambda item: item[0])  # stable: each stream's own order is kept within a tick
+    return [line for _, line in events[-lines:]]

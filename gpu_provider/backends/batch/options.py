@@ -1,15 +1,17 @@
-"""The Batch backend's options that need more than a text check: secrets (references, never values) and the
-team -> fair-share identifier map. Errors name the field and never echo a secret."""
+"""The Batch backend's options that need more than a text check: secrets (references, never values), the
+fair-share identifiers (the default and the team map) and the job queues of instance types. Errors name the
+field and never echo a secret."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_provider import names
 from gpu_provider.backends.base import provider_config
+from gpu_provider.backends.common import text_option
 from gpu_provider.runtime.secrets import check_refs
 
 #: a Batch fair-share identifier of a job (a scheduling policy may add a trailing '*', a job may not)
@@ -36,6 +38,17 @@ def secrets(secrets: Any) -> dict[str, str]:
     """``secrets=``: variable names to references (one shape on every AWS backend: see
     :func:`gpu_provider.runtime.secrets.check_refs`); Batch resolves them with the execution role."""
     return check_refs(secrets)
+
+
+def share_identifier(value: Any) -> str:
+    """The ``share_identifier`` option, else ``[gpu_provider] batch_share_identifier``, else ``default``."""
+    share = text_option("share_identifier", value, config_key="batch_share_identifier", default="default")
+    assert share is not None
+    if not SHARE_IDENTIFIER.fullmatch(share):
+        raise ValueError(
+            f"share_identifier={share!r} must be 1-255 letters, digits or underscores (a Batch fair-share identifier)"
+        )
+    return share
 
 
 def share_identifiers(value: Any) -> dict[str, str]:
@@ -99,3 +112,16 @@ def queues_by_instance_type(value: Any) -> dict[str, dict[str, str]]:
             per[key] = queue.strip()
         out[instance_type.strip()] = per
     return out
+
+
+def check_instance_queues(instance_types: Sequence[str], queues: Mapping[str, Mapping[str, str]]) -> None:
+    """Each type of an ordered instance preference needs its job queues (:func:`queues_by_instance_type`)."""
+    for instance_type in instance_types:
+        if instance_type not in queues:
+            known = ", ".join(sorted(queues)) or "none configured"
+            raise ValueError(
+                f"resources.instance_types: {instance_type!r} has no Batch job queue; set "
+                f"[gpu_provider] batch_queues_by_instance_type (or the backend's queues_by_instance_type) to "
+                f'name its queue, e.g. {{"{instance_type}": {{"spot": "<queue>", "on-demand": "<queue>"}}}}; '
+                f"allowed now: {known}"
+            )
