@@ -229,44 +229,89 @@ DESTRUCTIVE = re.compile(
 READS = ("poll", "lookup", "find_existing", "task_of", "logs", "output_tail", "list_owned", "console_url", "logs_url")
 #: read paths allowed to act, each with the reason: the local backend ends a job whose supervisor process is
 #: dead (read fresh from the process table): nobody else can ever record its end or stop its processes
-ALLOWED = {("LocalBackend", "_end_orphan")}
+ALLOWED = {"_end_orphan", "end_orphan"}
 
 
-def _methods(cls: type) -> dict[str, ast.FunctionDef]:
-    out: dict[str, ast.FunctionDef] = {}
-    for klass in reversed(cls.__mro__):
-        if klass.__module__.startswith("gpu_provider."):
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-            for node in tree.body[0].body:  # type: ignore[attr-defined]
-                if isinstance(node, ast.FunctionDef):
-                    out[node.name] = node
+def _defined_functions(cls: type) -> dict[str, list[tuple[str, ast.FunctionDef]]]:
+    """Every function and method, by name, of the modules a backend's reads can run: the backend's package,
+    the modules of its classes (the contract) and what backends share (``backends/aws``, ``backends/common``).
+
+    The backends are packages split by concern, so a read is mostly a call into a sibling module
+    (``lookups.list_owned(...)``, ``self._jobs.describe(...)``); a call is followed to every function of that
+    name in these modules (more than Python would run, never less)."""
+    import gpu_provider.backends
+
+    root = Path(gpu_provider.backends.__file__).parent
+    package = Path(inspect.getfile(cls)).parent
+    files = set(package.glob("*.py")) | set((root / "aws").glob("*.py")) | {root / "common.py"}
+    files |= {Path(inspect.getfile(k)) for k in cls.__mro__ if k.__module__.startswith("gpu_provider.")}
+    out: dict[str, list[tuple[str, ast.FunctionDef]]] = {}
+    for file in sorted(files):
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                out.setdefault(node.name, []).append((f"{file.parent.name}/{file.name}:{node.name}", node))
     return out
 
 
-def _destructive_calls_from_reads(cls: type) -> list[str]:
-    methods = _methods(cls)
+def _destructive_calls_from_reads(cls: type, reads: tuple[str, ...] = READS) -> tuple[list[str], set[str]]:
+    """What the reads reach that stops, deletes, signals or marks, and every function they reach."""
+    defined = _defined_functions(cls)
+    todo = [(read, node) for read in reads for where, node in defined.get(read, [])]
+    assert {read for read, _ in todo} == set(reads), "a read of the contract is not defined where it is looked for"
     seen: set[str] = set()
-    todo = [m for m in READS if m in methods]
     found = []
     while todo:
-        name = todo.pop()
-        if name in seen or (cls.__name__, name) in ALLOWED:
+        name, function = todo.pop()
+        key = f"{name}@{function.lineno}:{id(function)}"
+        if key in seen or name in ALLOWED:
             continue
-        seen.add(name)
-        for node in ast.walk(methods[name]):
+        seen.add(key)
+        for node in ast.walk(function):
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
             called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            if DESTRUCTIVE.match(called):
-                found.append(f"{cls.__name__}.{name} calls {called} (line {node.lineno} of the class)")
-            on_self = isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
-            if on_self and called in methods:
-                todo.append(called)
-    return found
+            signal = node.args[1] if called == "kill" and len(node.args) == 2 else None
+            probe = isinstance(signal, ast.Constant) and signal.value == 0
+            if DESTRUCTIVE.match(called) and not probe:  # kill(pid, 0) asks whether a process lives, sends nothing
+                found.append(f"{cls.__name__}: {name} calls {called} (line {node.lineno})")
+            for where, target in defined.get(called, []):
+                todo.append((called, target))
+    return found, {key.split("@")[0] for key in seen}
 
 
 @pytest.mark.parametrize("backend_name", ["local", "batch", "sagemaker", "kubernetes"])
 def test_no_read_of_a_backend_reaches_a_call_that_stops_deletes_or_marks(backend_name: str) -> None:
     cls = backend_class(backend_name)
-    assert _destructive_calls_from_reads(cls) == []
+    found, reached = _destructive_calls_from_reads(cls)
+    assert found == []
+    # the guard follows the reads into the package's modules (a split backend delegates): it must reach them
+    assert len(reached) > len(READS) + 5, sorted(reached)
+
+
+def test_the_guard_finds_a_destructive_call_hidden_in_a_sibling_module(tmp_path: Path) -> None:
+    """The guard itself: a read that delegates to a module function that stops the job is found."""
+    package = tmp_path / "fakebackend"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "lookups.py").write_text(
+        "def find(client, name):\n    job = client.describe(name)\n    client.terminate_job(name)\n    return job\n"
+    )
+    (package / "backend.py").write_text(
+        "from fakebackend import lookups\n\n"
+        "class FakeBackend:\n"
+        "    def lookup(self, name):\n        return lookups.find(self.client, name)\n"
+    )
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from fakebackend.backend import FakeBackend  # type: ignore[import-not-found]
+
+        found, reached = _destructive_calls_from_reads(FakeBackend, reads=("lookup",))
+        assert reached == {"lookup", "find"}
+        assert found == ["FakeBackend: find calls terminate_job (line 3)"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        for module in [m for m in sys.modules if m.startswith("fakebackend")]:
+            del sys.modules[module]
