@@ -11,7 +11,6 @@ import asyncio
 import inspect
 import logging
 import re
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -256,7 +255,7 @@ def _defined_functions(cls: type) -> dict[str, list[tuple[str, ast.FunctionDef]]
 def _destructive_calls_from_reads(cls: type, reads: tuple[str, ...] = READS) -> tuple[list[str], set[str]]:
     """What the reads reach that stops, deletes, signals or marks, and every function they reach."""
     defined = _defined_functions(cls)
-    todo = [(read, node) for read in reads for where, node in defined.get(read, [])]
+    todo = [(read, node) for read in reads for _, node in defined.get(read, [])]
     assert {read for read, _ in todo} == set(reads), "a read of the contract is not defined where it is looked for"
     seen: set[str] = set()
     found = []
@@ -275,7 +274,7 @@ def _destructive_calls_from_reads(cls: type, reads: tuple[str, ...] = READS) -> 
             probe = isinstance(signal, ast.Constant) and signal.value == 0
             if DESTRUCTIVE.match(called) and not probe:  # kill(pid, 0) asks whether a process lives, sends nothing
                 found.append(f"{cls.__name__}: {name} calls {called} (line {node.lineno})")
-            for where, target in defined.get(called, []):
+            for _, target in defined.get(called, []):
                 todo.append((called, target))
     return found, {key.split("@")[0] for key in seen}
 
