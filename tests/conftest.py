@@ -97,3 +97,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if leftovers:
         print(f"\nWARNING: local job supervisors still running after the tests: {leftovers}", file=sys.stderr)
     shutil.rmtree(_HOME, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    # GPU_PROVIDER_TEST_TIMELINE=FILE: each test's worker, start and end (wall clock) appended to FILE, to see
+    # how the parallel run packs its tests (which ones start late and make the run's tail); off by default
+    timeline = os.environ.get("GPU_PROVIDER_TEST_TIMELINE")
+    started = time.time()
+    yield
+    if timeline:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(timeline, "a") as out:
+            out.write(f"{worker}\t{started:.3f}\t{time.time():.3f}\t{item.nodeid}\n")
