@@ -400,7 +400,7 @@ def check_dag(dag_file: str | Path, dag_id: str | None = None) -> CheckReport:
     runs and renders for a run without a logical date (a manual run triggered with none, an asset-triggered
     run), and no two tasks share one. The file's DAGs are found as Airflow finds them (every DAG in it, or
     ``dag_id``). Imports the DAG file (Airflow needed), renders in this process."""
-    from gpu_provider.testing.dagrun import _load_dag, load_dags
+    from gpu_provider.testing.dagchild import _load_dag, load_dags
 
     report = CheckReport()
     dags = [_load_dag(str(dag_file), dag_id)] if dag_id else list(load_dags(dag_file).values())
