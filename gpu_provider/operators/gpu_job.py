@@ -286,7 +286,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if isinstance(step, Wait):
             self.log.info(
                 "Reattaching to %s left by an earlier try (%s); not submitting a new one.",
-                runner.where(step.record),
+                runner.describe_attempt(step.record),
                 step.record.state.value,
             )
             self._handle = step.record.handle
