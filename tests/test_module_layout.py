@@ -170,6 +170,9 @@ def test_the_split_modules_are_short() -> None:
         PACKAGE / "spend" / "reaper.py",
         PACKAGE / "testing" / "dagrun.py",
         PACKAGE / "testing" / "dagchild.py",
+        PACKAGE / "testing" / "check.py",
+        PACKAGE / "testing" / "check_dag.py",
+        PACKAGE / "testing" / "findings.py",
     ]
     long = {str(p.relative_to(REPO)): n for p in split if (n := len(p.read_text().splitlines())) > 600}
     assert long == {}
