@@ -36,10 +36,10 @@ with DAG(
 
     @task(retries=1, retry_delay=timedelta(minutes=1), execution_timeout=timedelta(minutes=5))
     def sync(params: dict[str, Any] | None = None) -> dict[str, Any]:
+        from gpu_provider.airflow_api import AirflowApi
         from gpu_provider.backends.base import provider_config
         from gpu_provider.quotas.file import configured_quotas
         from gpu_provider.quotas.pools import PoolSync
-        from gpu_provider.spend.reaper import AirflowApi
 
         quotas = configured_quotas()
         if quotas is None:

@@ -53,7 +53,7 @@ def _quotas(args: argparse.Namespace) -> Any:
 
 
 def _api(args: argparse.Namespace) -> Any:
-    from gpu_provider.spend.reaper import AirflowApi
+    from gpu_provider.airflow_api import AirflowApi
 
     if args.api_url:
         return AirflowApi(
@@ -279,7 +279,7 @@ def _users_mistake(err: Exception) -> bool:
     is a bug of ours and keeps its traceback."""
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    from gpu_provider.spend.reaper import AirflowApiError
+    from gpu_provider.airflow_api import AirflowApiError
 
     return isinstance(err, (ValueError, OSError, AirflowApiError, AirflowNotFoundException))
 

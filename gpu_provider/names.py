@@ -127,3 +127,13 @@ of Batch and SageMaker and the local backend's supervisor print when the job's c
 ``gpu_provider: end-of-log node=<rank> nnodes=<nodes> exit=<code>[ fault=<kind>]`` (format and parse in
 :mod:`gpu_provider.runtime.output`). Once the log forwarder has it from every node it stops reading;
 jobs without it get the backend's ``log_settle_s`` wait for late lines."""
+
+# --- operators and sensors: limits and keys they share ------------------------------------------
+#: the longest ``poll_interval`` an operator or sensor accepts (seconds): a status check at least every hour
+MAX_POLL_INTERVAL_S = 3600.0
+#: extra time Airflow's own deferral timeout allows past the deadline a trigger enforces itself
+#: (a backstop for a triggerer that cannot run the trigger; the trigger acts first)
+DEFER_TIMEOUT_SLACK_S = 300.0
+#: the task state store key holding a ``GpuJobOperator`` task instance's attempt records (survives
+#: worker crashes; the GPU page reads it too)
+STATE_KEY = "gpu_provider_attempts"

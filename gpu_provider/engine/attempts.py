@@ -108,10 +108,10 @@ def describe(backend_name: str, record: AttemptRecord) -> str:
     return f"{backend_name} job {record.name} (id {record.job_id}, attempt {record.attempt}, {record.capacity})"
 
 
-def said(record: AttemptRecord) -> str:
-    """The attempt's reason, to be followed by a full stop: a reason that ends a sentence itself
-    (Batch's ``Host EC2 (instance i-0abc) terminated.``) does not get a second one, and an ellipsis
-    stays three dots."""
+def reason_clause(record: AttemptRecord) -> str:
+    """The attempt's reason as a clause of a sentence, to be followed by a full stop: a reason that ends a
+    sentence itself (Batch's ``Host EC2 (instance i-0abc) terminated.``) does not get a second one, and an
+    ellipsis stays three dots."""
     reason = (record.reason or "no reason given").rstrip()
     return reason.removesuffix(".")
 
@@ -235,7 +235,7 @@ class AttemptEngine:
                 return Fail(GpuJobCancelledError(f"{where} was cancelled because this task was killed."), record)
             return Fail(
                 GpuJobCancelledError(
-                    f"{where} was CANCELLED: {said(record)}. It was stopped outside this "
+                    f"{where} was CANCELLED: {reason_clause(record)}. It was stopped outside this "
                     "task, on purpose, so Airflow does not retry it; clear the task to run it again."
                 ),
                 record,
@@ -249,7 +249,7 @@ class AttemptEngine:
         exit_code = f" (exit code {record.exit_code})" if record.exit_code is not None else ""
         return Fail(
             GpuJobFailedError(
-                f"{where} ended FAILED: {said(record)}{exit_code}. This is the job's own "
+                f"{where} ended FAILED: {reason_clause(record)}{exit_code}. This is the job's own "
                 f"error, not an interruption. {next_step}"
             ),
             record,
@@ -268,7 +268,7 @@ class AttemptEngine:
         if len(interruptions) > budget:
             return Fail(
                 GpuJobInterruptionBudgetError(
-                    f"{where} ended {record.state.value}: {said(record)}. {what.capitalize()}, "
+                    f"{where} ended {record.state.value}: {reason_clause(record)}. {what.capitalize()}, "
                     f"but this task has now been interrupted {len(interruptions)} times and its interruption budget "
                     f"(max_interruptions={budget}) is spent; not resubmitting, and Airflow does not retry this. "
                     "Raise max_interruptions or use capacity='on_demand', then clear the task."
@@ -280,7 +280,7 @@ class AttemptEngine:
         if record.instance_choice and str(record.interruption) == CAPACITY_TIMEOUT:
             what = f"{record.capacity} capacity for {record.instance_choice} did not come"
         self.note = (
-            f"{where} ended {record.state.value}: {said(record)}. {what.capitalize()}; "
+            f"{where} ended {record.state.value}: {reason_clause(record)}. {what.capitalize()}; "
             f"resubmitting on {on} (attempt {step.attempt}, interruption {len(interruptions)} of at "
             f"most {budget})" + (f" in {step.delay:.1f}s" if step.delay else "") + "."
         )
@@ -304,17 +304,17 @@ class AttemptEngine:
             )
             return Fail(
                 GpuJobFailedError(
-                    f"{where} ended {record.state.value}: {said(record)}. The same GPU hardware fault ({fault}) "
-                    f"ended attempt {before[-1].attempt} too, on other hardware: treated as the job's own error, "
-                    f"not a node fault. {retry}"
+                    f"{where} ended {record.state.value}: {reason_clause(record)}. The same GPU hardware fault "
+                    f"({fault}) ended attempt {before[-1].attempt} too, on other hardware: treated as the job's own "
+                    f"error, not a node fault. {retry}"
                 ),
                 record,
             )
         if len(faults) > budget:
             return Fail(
                 GpuJobInterruptionBudgetError(
-                    f"{where} ended {record.state.value}: {said(record)}. A GPU hardware fault ({fault}), but this "
-                    f"task has now had {len(faults)} node faults and its budget (max_node_faults={budget}) is "
+                    f"{where} ended {record.state.value}: {reason_clause(record)}. A GPU hardware fault ({fault}), "
+                    f"but this task has now had {len(faults)} node faults and its budget (max_node_faults={budget}) is "
                     "spent; not resubmitting, and Airflow does not retry this. Raise max_node_faults, then clear "
                     "the task."
                 ),
@@ -323,9 +323,9 @@ class AttemptEngine:
         step = self.next_submit(delay=self.policy.backoff_delay(len(faults)))
         away = f" away from node {record.node}" if record.node else " on fresh hardware"
         self.note = (
-            f"{where} ended {record.state.value}: {said(record)}. A GPU hardware fault ({fault}), not the job's "
-            f"error; resubmitting{away} on {step.capacity} (attempt {step.attempt}, node fault {len(faults)} of at "
-            f"most {budget})" + (f" in {step.delay:.1f}s" if step.delay else "") + "."
+            f"{where} ended {record.state.value}: {reason_clause(record)}. A GPU hardware fault ({fault}), not the "
+            f"job's error; resubmitting{away} on {step.capacity} (attempt {step.attempt}, node fault {len(faults)} of "
+            f"at most {budget})" + (f" in {step.delay:.1f}s" if step.delay else "") + "."
         )
         return step
 

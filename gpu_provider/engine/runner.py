@@ -191,7 +191,8 @@ class AttemptRunner:
             self.engine.summary = compact(self.engine.records, self.engine.summary, self.max_records)
         self._persist(self.engine.records)
 
-    def where(self, record: AttemptRecord) -> str:
+    def describe_attempt(self, record: AttemptRecord) -> str:
+        """The attempt in words: its backend, name, id, attempt number and capacity."""
         return describe(self.backend.name, record)
 
     # --- limits of one attempt's wait ------------------------------------------------------------
@@ -212,10 +213,12 @@ class AttemptRunner:
         """Two live attempts of one task instance (a re-sent submit, a zombie try): keep one, cancel the rest."""
         for extra in self.engine.duplicates(stored):
             if self.owned_later(extra):
-                self.log.warning("Leaving %s alone: Airflow try %s owns it.", self.where(extra), extra.owner_try)
+                self.log.warning(
+                    "Leaving %s alone: Airflow try %s owns it.", self.describe_attempt(extra), extra.owner_try
+                )
                 continue
             reason = f"duplicate attempt of {self.label}; another attempt of the task is kept"
-            self.log.warning("Found a second live attempt, %s: cancelling it.", self.where(extra))
+            self.log.warning("Found a second live attempt, %s: cancelling it.", self.describe_attempt(extra))
             if self.cancel(extra, reason):
                 extra.update(JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
                 extra.collected = True
@@ -229,7 +232,7 @@ class AttemptRunner:
             read = self.backend.read_owner(record.handle)
         except Exception as err:
             self.owner_error = f"{type(err).__name__}: {err}"
-            self.log.warning("Could not read who owns %s now: %s", self.where(record), self.owner_error)
+            self.log.warning("Could not read who owns %s now: %s", self.describe_attempt(record), self.owner_error)
             return None
         if read.later_than(self.engine.try_number):
             record.owner_try = read.owner_try
@@ -240,8 +243,8 @@ class AttemptRunner:
         """A later try owns ``record``: this try (a zombie Airflow replaced) stops, touching nothing
         (no cancel, no resubmission, no write to the task state store its successor uses)."""
         raise GpuJobCancelledError(
-            f"{self.where(record)} is now owned by Airflow try {record.owner_try}, which took it over; this try "
-            f"({self.engine.try_number}) stops without touching it."
+            f"{self.describe_attempt(record)} is now owned by Airflow try {record.owner_try}, which took it over; "
+            f"this try ({self.engine.try_number}) stops without touching it."
         )
 
     def check_submit(self, step: Submit) -> None:
@@ -259,7 +262,7 @@ class AttemptRunner:
             self.stand_down(previous)
         if owned is None and previous.owner_try is not None and previous.owner_try >= self.engine.try_number:
             raise GpuJobPollError(
-                f"could not read who owns {self.where(previous)} before submitting attempt {step.attempt} "
+                f"could not read who owns {self.describe_attempt(previous)} before submitting attempt {step.attempt} "
                 f"({self.owner_error}); nothing was submitted on a guess. A retry of this task will look again."
             )
 
@@ -274,8 +277,8 @@ class AttemptRunner:
             self.stand_down(record)
         if owned is None:
             raise GpuJobPollError(
-                f"could not read who owns {self.where(record)} ({self.owner_error}), so this try did not take it "
-                "over. The job may still be running: a retry of this task will look again."
+                f"could not read who owns {self.describe_attempt(record)} ({self.owner_error}), so this try did not "
+                "take it over. The job may still be running: a retry of this task will look again."
             )
         record.owner_try = self.engine.try_number
         try:
@@ -318,7 +321,7 @@ class AttemptRunner:
                 return status, outcome
             self.stop.wait(poll_interval)
         # killed: on_kill cancelled the job; stop polling at once
-        raise GpuJobCancelledError(f"{self.where(record)} was cancelled because this task was killed.")
+        raise GpuJobCancelledError(f"{self.describe_attempt(record)} was cancelled because this task was killed.")
 
     def after_wait(self, record: AttemptRecord, status: JobStatus, outcome: str) -> Step:
         """What a wait's outcome means: an ended job goes to the engine; a timeout cancels the job first."""
@@ -338,7 +341,9 @@ class AttemptRunner:
             fresh = poll_one(self.backend, record.handle)
             if fresh is not None and fresh.state is not JobState.QUEUED:
                 self.log.info(
-                    "%s left the queue (%s) before its wait was given up.", self.where(record), fresh.state.value
+                    "%s left the queue (%s) before its wait was given up.",
+                    self.describe_attempt(record),
+                    fresh.state.value,
                 )
                 engine.saw(record, fresh)
                 self.persist()
@@ -385,7 +390,9 @@ class AttemptRunner:
             engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=what, ended_at=time.time()))
             self.persist()
             tail = "" if cancelled else " Cancelling it failed: stop it by hand."
-            error = GpuJobDeadlineError(f"{self.where(record)} was {what}; it was cancelled and this try fails.{tail}")
+            error = GpuJobDeadlineError(
+                f"{self.describe_attempt(record)} was {what}; it was cancelled and this try fails.{tail}"
+            )
             return Fail(error, record)
         else:
             if status.never_starts and status.state.terminal:
@@ -403,7 +410,7 @@ class AttemptRunner:
             if fresh is None:
                 self.log.warning(
                     "%s ended before it started (%s), but its owner could not be read now: left alone.",
-                    self.where(record),
+                    self.describe_attempt(record),
                     status.never_starts,
                 )
             return
@@ -411,7 +418,7 @@ class AttemptRunner:
         if owned is None or owned:
             self.log.warning(
                 "%s ended before it started, but %s: left alone.",
-                self.where(record),
+                self.describe_attempt(record),
                 f"Airflow try {record.owner_try} owns it" if owned else "its owner could not be read now",
             )
             return
@@ -422,7 +429,7 @@ class AttemptRunner:
         """The wait gave up reading the attempt's status (``why``). With an Airflow retry to come (``retry``
         says which), the job is left running and the retry reattaches to it; with none, nobody would
         watch it again, so it is cancelled (in bounded time) unless a fresh read shows another try owns it."""
-        where = self.where(record)
+        where = self.describe_attempt(record)
         if retry is not None:
             return Fail(
                 GpuJobPollError(
@@ -470,7 +477,7 @@ class AttemptRunner:
             self.persist()
             return Fail(
                 GpuJobCancelledError(
-                    f"{self.where(record)} can never start ({fresh.never_starts}), but Airflow try "
+                    f"{self.describe_attempt(record)} can never start ({fresh.never_starts}), but Airflow try "
                     f"{fresh.owner_try} owns it, not this try ({engine.try_number}): it is left to its owner."
                 )
             )
@@ -482,9 +489,9 @@ class AttemptRunner:
         engine.saw(record, JobStatus.from_dict({**fresh.to_dict(), **ended}))
         self.persist()
         error = GpuJobFailedError(
-            f"{self.where(record)} can never start: the service says {fresh.never_starts}. This try, which owns "
-            "the job, cancelled it instead of letting it wait in the queue forever, and fails. Fix the job's "
-            "resources (gpus, cpu, memory) or the compute environments behind its queue, then clear the task."
+            f"{self.describe_attempt(record)} can never start: the service says {fresh.never_starts}. This try, "
+            "which owns the job, cancelled it instead of letting it wait in the queue forever, and fails. Fix the "
+            "job's resources (gpus, cpu, memory) or the compute environments behind its queue, then clear the task."
         )
         return Fail(error, record)
 
@@ -501,7 +508,7 @@ class AttemptRunner:
         spent = float(limit.get("spent_usd") or 0.0)
         tail = "" if cancelled else " Cancelling it failed: stop it by hand."
         error = GpuJobBudgetError(
-            f"{self.where(record)} was stopped because its running cost crossed the task's budget: "
+            f"{self.describe_attempt(record)} was stopped because its running cost crossed the task's budget: "
             f"${record.cost_usd or 0.0:.4f} for this attempt ({record.gpu_hours:.4f} GPU-hours at "
             f"${float(limit.get('usd_per_gpu_second') or 0.0) * 3600:.4f}/GPU-hour) + ${spent:.4f} spent by earlier "
             f"attempts >= max_cost_usd=${max_cost:.2f}. Airflow does not retry this; raise max_cost_usd and clear "
@@ -519,7 +526,7 @@ class AttemptRunner:
         try:
             tail = self.backend.output_tail(record.handle, OUTPUT_TAIL_LINES)
         except Exception as err:  # the error stands without them
-            self.log.warning("Could not read the end of %s's output: %s", self.where(record), err)
+            self.log.warning("Could not read the end of %s's output: %s", self.describe_attempt(record), err)
             return step.error
         if not tail:
             return step.error
@@ -537,7 +544,7 @@ class AttemptRunner:
         result = self.engine.result(record, checkpoint_uri)
         self.log.info(
             "%s SUCCEEDED after %d attempt(s); %.1f GPU-seconds in all.",
-            self.where(record),
+            self.describe_attempt(record),
             len(result["attempts"]),
             result["gpu_seconds"],
         )
@@ -580,5 +587,5 @@ class AttemptRunner:
             self.backend.cancel(record.handle, reason)
             return True
         except Exception as err:
-            self.log.warning("Could not cancel %s: %s", self.where(record), err)
+            self.log.warning("Could not cancel %s: %s", self.describe_attempt(record), err)
             return False

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 
@@ -22,8 +20,6 @@ from gpu_provider import names
 from gpu_provider.backends.base import (
     Backend,
     JobHandle,
-    JobIdentity,
-    JobRequest,
     JobStatus,
     TaskKey,
     check_backend_name,
@@ -33,18 +29,12 @@ from gpu_provider.capacity import CapacityPolicy, resolve_capacity, validate_ins
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
-from gpu_provider.engine.watch import (
-    BUDGET,
-    CAPACITY_TIMEOUT,
-    DEADLINE,
-    ENDED,
-    NEVER_STARTS,
-    QUEUE_TIMEOUT,
-    RESTART_LIMIT,
-)
+from gpu_provider.engine.watch import ENDED
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
 from gpu_provider.job import is_templated, to_bool, validate_checkpoint_uri
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
+from gpu_provider.names import DEFER_TIMEOUT_SLACK_S, MAX_POLL_INTERVAL_S, STATE_KEY
+from gpu_provider.operators._deferral import backoff_trigger, check_event, job_trigger, outcome_of
 from gpu_provider.operators._fields import (
     any_templated,
     check_fixed_options,
@@ -62,6 +52,8 @@ from gpu_provider.operators._fields import (
     validate_env,
     warn_spot_without_checkpoint,
 )
+from gpu_provider.operators._plan import Plan, attempt_request
+from gpu_provider.operators._state import describe_outlets, latest_checkpoint, persist_records, stored_records
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
 from gpu_provider.spend.budget import SpendControl, check_max_cost
 from gpu_provider.spend.ended import record_end
@@ -69,36 +61,13 @@ from gpu_provider.templates import WithTemplateFilters
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from pydantic import JsonValue
-
-#: the longest ``poll_interval`` accepted (seconds): a status check at least every hour
-MAX_POLL_INTERVAL_S = 3600.0
 
 #: how long ``on_kill`` reads the job's owner before it cancels anyway (seconds)
 ON_KILL_OWNER_READ_S = 1.5
 
-#: task state store key holding this task instance's attempt records (survives worker crashes)
-STATE_KEY = "gpu_provider_attempts"
-
-#: extra time Airflow's own deferral timeout allows past the deadline the trigger enforces itself
-#: (a backstop for a triggerer that cannot run the trigger; the trigger cancels the job first)
-DEFER_TIMEOUT_SLACK_S = 300.0
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """The rendered, validated fields of this try (the untemplated spec stays on the operator)."""
-
-    backend: Backend
-    command: list[str]
-    env: dict[str, str]
-    image: str | None
-    checkpoint_uri: str | None
-    max_runtime_s: float | None
-    poll_interval: float
-    try_number: int
-    retry: str | None = None
-    """The Airflow retry that follows if this try fails ("try 2 of 3"), ``None`` when none is left."""
+# MAX_POLL_INTERVAL_S, STATE_KEY and DEFER_TIMEOUT_SLACK_S are defined once in gpu_provider.names and
+# stay importable from here
+__all__ = ["DEFER_TIMEOUT_SLACK_S", "MAX_POLL_INTERVAL_S", "ON_KILL_OWNER_READ_S", "STATE_KEY", "GpuJobOperator"]
 
 
 class GpuJobOperator(WithTemplateFilters, BaseOperator):
@@ -244,7 +213,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         return super().partial(**kwargs)
 
     # ------------------------------------------------------------------ parse & render checks
-    def _plan(self, context: Context) -> _Plan:
+    def _plan(self, context: Context) -> Plan:
         """Validate the rendered fields (templates are resolved by now) and fix the job for this try."""
         check_rendered_fixed_options(self.backend, self._backend_as_written)
         backend = resolve_backend(self.backend)
@@ -257,7 +226,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         image = self.image or None
         backend.validate_image(image)
         checkpoint_uri = validate_checkpoint_uri(self.checkpoint_uri) if self.checkpoint_uri else None
-        return _Plan(
+        return Plan(
             backend=backend,
             command=validate_command(self.command),
             env=validate_env(self.env),
@@ -309,7 +278,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     # ------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
-        stored, summary = self._stored(context)
+        stored, summary = stored_records(context, self.log)
         found = recover(plan.backend, self._task_key(context), stored, self.log, summary)
         runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
@@ -317,7 +286,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if isinstance(step, Wait):
             self.log.info(
                 "Reattaching to %s left by an earlier try (%s); not submitting a new one.",
-                runner.where(step.record),
+                runner.describe_attempt(step.record),
                 step.record.state.value,
             )
             self._handle = step.record.handle
@@ -340,8 +309,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         not hand them back (``dag.test()`` replaces them with the event), they are read again from
         the task state store, else from the backend.
         """
-        if not isinstance(event, dict) or event.get("status") not in names.EVENT_STATUSES:
-            raise GpuJobPollError(f"GPU job trigger returned an unexpected event: {event!r}")
+        check_event(event)
         plan = self._plan(context)
         runner = self._resumed_runner(context, plan, records)
         handle = self._handle = JobHandle.from_dict(event["handle"])
@@ -354,29 +322,22 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             return self._run(context, plan, runner, runner.gave_up_reading(record, why, retry=plan.retry), deadline)
         status = JobStatus.from_dict(event["job_status"])
         self._publish_log_link(context, status.log_url)
-        outcome = {
-            names.EVENT_CAPACITY_TIMEOUT: CAPACITY_TIMEOUT,
-            names.EVENT_QUEUE_TIMEOUT: QUEUE_TIMEOUT,
-            names.EVENT_DEADLINE: DEADLINE,
-            names.EVENT_RESTART_LIMIT: RESTART_LIMIT,
-            names.EVENT_BUDGET: BUDGET,
-            names.EVENT_NEVER_STARTS: NEVER_STARTS,
-        }.get(event["status"], ENDED)
+        outcome = outcome_of(event)
         if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
             LogForwarder(plan.backend, handle, self.log).settle()
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
 
-    def _resumed_runner(self, context: Context, plan: _Plan, records: list[dict[str, Any]] | None) -> AttemptRunner:
+    def _resumed_runner(self, context: Context, plan: Plan, records: list[dict[str, Any]] | None) -> AttemptRunner:
         """The runner of a task resuming from a deferral: the records it handed ``defer``, or, where a runner
         does not hand them back (``dag.test()``), those in the task state store, refreshed by the backend."""
         loaded, summary = load_records(records), load_summary(records)
         if not loaded:
-            stored, summary = self._stored(context)
+            stored, summary = stored_records(context, self.log)
             loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary)
         return self._runner(context, plan, loaded, summary)
 
     def _runner(
-        self, context: Context, plan: _Plan, records: list[AttemptRecord], summary: AttemptSummary | None = None
+        self, context: Context, plan: Plan, records: list[AttemptRecord], summary: AttemptSummary | None = None
     ) -> AttemptRunner:
         spend = self._spend = SpendControl.from_config(
             plan.backend,
@@ -406,7 +367,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             log=self.log,
             label=self._task_label(),
             stop=self._stop,
-            persist=lambda records: self._persist(context, records, engine.summary),
+            persist=lambda records: persist_records(context, records, engine.summary, self.log),
             on_status=lambda status: self._publish_log_link(context, status.log_url),
             capacity_wait=self.capacity.spot_wait_timeout_s,
             queue_timeout=self.queue_timeout_s,
@@ -416,7 +377,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         )
         return runner
 
-    def _run(self, context: Context, plan: _Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
+    def _run(self, context: Context, plan: Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
         """Carry the engine's steps out until the job succeeds, the try fails, or the task defers."""
         engine = runner.engine
         while True:
@@ -427,7 +388,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 raise runner.explain(step)
             if isinstance(step, Succeed):
                 result = runner.succeed(step.record, plan.checkpoint_uri)
-                self._describe_outlets(context, result)
+                describe_outlets(self.outlets, context, result)
                 return result
             if isinstance(step, Submit):
                 if engine.note:
@@ -453,18 +414,14 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
 
     def _defer_backoff(self, runner: AttemptRunner, step: Submit, deadline: float | None) -> NoReturn:
         """Wait out the backoff before ``step`` in the triggerer, not on a worker; ``resubmit`` carries on."""
-        from gpu_provider.triggers.gpu_job import GpuBackoffTrigger
-
-        moment = time.time() + step.delay
+        trigger, timeout = backoff_trigger(step, task_label=self._task_label())
         self.log.info(
             "Waiting %.1fs before attempt %d in the triggerer (GpuBackoffTrigger): no worker slot is held meanwhile.",
             step.delay,
             step.attempt,
         )
         self.defer(
-            trigger=GpuBackoffTrigger(
-                moment=moment, note=f"attempt {step.attempt} on {step.capacity} of {self._task_label()}"
-            ),
+            trigger=trigger,
             method_name="resubmit",
             kwargs={
                 "records": dump_records(runner.engine.records, runner.engine.summary),
@@ -472,7 +429,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 "attempt": step.attempt,
                 "capacity": step.capacity,
             },
-            timeout=timedelta(seconds=step.delay + DEFER_TIMEOUT_SLACK_S),
+            timeout=timeout,
         )
         raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
 
@@ -503,78 +460,20 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             )
         return self._run(context, plan, runner, step, deadline)
 
-    def _describe_outlets(self, context: Context, result: dict[str, Any]) -> None:
-        """Put the job's declared output in the extra of each asset event this task emits (its ``outlets``),
-        so a DAG scheduled on the asset finds the new data: ``{"output_uri": ...}``."""
-        from airflow.sdk import Asset
-
-        events = context.get("outlet_events")
-        if not result.get("output_uri") or events is None:
-            return
-        for outlet in self.outlets:
-            if isinstance(outlet, Asset):
-                events[outlet].extra["output_uri"] = str(result["output_uri"])
-
-    def _defer(self, plan: _Plan, runner: AttemptRunner, record: AttemptRecord, deadline: float | None) -> NoReturn:
-        from gpu_provider.triggers.gpu_job import GpuJobTrigger
-
-        timeout = None
-        if deadline is not None:  # a backstop: the trigger fires at the deadline itself and the job is cancelled
-            timeout = timedelta(seconds=max(0.0, deadline - time.time()) + DEFER_TIMEOUT_SLACK_S)
+    def _defer(self, plan: Plan, runner: AttemptRunner, record: AttemptRecord, deadline: float | None) -> NoReturn:
+        spend = self._spend.kill_report(record) if self._spend is not None else None
+        trigger, timeout = job_trigger(plan, runner, record, deadline, task_label=self._task_label(), spend=spend)
         self.defer(
-            trigger=GpuJobTrigger(
-                backend=plan.backend.spec(),
-                handle=record.handle.to_dict(),
-                poll_interval=plan.poll_interval,
-                spot_wait_timeout=runner.capacity_wait(record),
-                queue_timeout=runner.queue_timeout(record),
-                deadline=deadline,
-                stream_logs=plan.backend.stream_logs_when_deferred,
-                task_label=self._task_label(),
-                restart_limit=runner.restart_limit(record),
-                cost_limit=runner.cost_limit(record),
-                try_number=plan.try_number,
-                spend=self._spend.kill_report(record) if self._spend is not None else None,
-            ),
+            trigger=trigger,
             method_name="execute_complete",
             kwargs={"records": dump_records(runner.engine.records, runner.engine.summary), "deadline": deadline},
             timeout=timeout,
         )
         raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
 
-    def _submit(self, context: Context, plan: _Plan, runner: AttemptRunner, step: Submit) -> AttemptRecord:
-        resume_from = self._latest_checkpoint(plan.backend, plan.checkpoint_uri)
-        identity = JobIdentity(
-            task=self._task_key(context),
-            try_number=plan.try_number,
-            attempt=step.attempt,
-            capacity=step.capacity,
-            team=self.team,
-        )
-        env = {
-            **plan.env,
-            names.ENV_CHECKPOINT_URI: plan.checkpoint_uri or "",
-            names.ENV_CHECKPOINT_KEEP: str(self.checkpoint_keep or ""),
-            names.ENV_RESUME_FROM: resume_from or "",
-            names.ENV_ATTEMPT: str(step.attempt),
-            names.ENV_CAPACITY: step.capacity,
-        }
-        request = JobRequest(
-            identity=identity,
-            command=tuple(plan.command),
-            env=env,
-            resources=self.gpu_resources,
-            capacity=step.capacity,
-            image=plan.image,
-            max_runtime_s=plan.max_runtime_s,
-            checkpoint_uri=plan.checkpoint_uri,
-            resume_from=resume_from,
-            priority=self.job_priority,
-            capacity_wait_s=self.capacity.spot_wait_timeout_s if step.capacity == names.SPOT else None,
-            instance_type=step.instance_type,
-            # node faults: keep away from the nodes where this run's GPUs failed (where the backend can)
-            avoid_nodes=tuple(r.node for r in runner.engine.current if r.interruption == names.NODE_FAULT and r.node),
-        )
+    def _submit(self, context: Context, plan: Plan, runner: AttemptRunner, step: Submit) -> AttemptRecord:
+        resume_from = latest_checkpoint(plan.backend, plan.checkpoint_uri)
+        request = attempt_request(self, self._task_key(context), plan, runner, step, resume_from)
         handle = self._handle = plan.backend.submit(request)
         self.log.info(
             "Submitted %s job %s (attempt %d, %s capacity, %s GPU(s) x %d node(s)), %s; env keys: %s",
@@ -585,7 +484,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             self.gpu_resources.gpus,
             self.gpu_resources.nodes,
             f"resuming from {resume_from}" if resume_from else "starting fresh (no checkpoint yet)",
-            ", ".join(sorted(env)) or "-",
+            ", ".join(sorted(request.env)) or "-",
         )
         record = runner.engine.record_for(handle.job_id)  # an adopted job (create-or-adopt) keeps its record
         if record is None:
@@ -602,28 +501,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         map_index = -1 if map_index is None else int(map_index)
         return TaskKey(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
 
-    # ------------------------------------------------------------------ records, links, logs
-    def _stored(self, context: Context) -> tuple[list[AttemptRecord], AttemptSummary | None]:
-        """The attempt records in the task state store, and the summary of those folded out of them."""
-        store = context.get("task_state_store")
-        if store is None:
-            return [], None
-        try:
-            data = store.get(STATE_KEY)
-            return load_records(data), load_summary(data)
-        except Exception as err:  # the store is an optimisation; the backend lookup still works
-            self.log.warning("Could not read the task state store (%s); asking the backend instead.", err)
-            return [], None
-
-    def _persist(self, context: Context, records: list[AttemptRecord], summary: AttemptSummary | None = None) -> None:
-        store = context.get("task_state_store")
-        if store is None:
-            return
-        try:
-            store.set(STATE_KEY, cast("JsonValue", dump_records(records, summary)))
-        except Exception as err:  # reattach still works through the backend's lookup
-            self.log.warning("Could not save attempts to the task state store (%s).", err)
-
+    # ------------------------------------------------------------------ links
     def _publish_link(self, context: Context, backend: Backend, handle: JobHandle) -> None:
         url = backend.console_url(handle)
         if url:
@@ -635,16 +513,6 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if url and url != self._log_link:
             context["ti"].xcom_push(key=LOGS_URL_XCOM_KEY, value=url)
             self._log_link = url
-
-    @staticmethod
-    def _latest_checkpoint(backend: Backend, uri: str | None) -> str | None:
-        """The newest complete checkpoint at ``uri`` (S3 through the backend's AWS connection, or aws_default)."""
-        if not uri:
-            return None
-        from gpu_provider.backends.aws.calls import s3_client_for
-        from gpu_provider.runtime.checkpoint import latest_checkpoint
-
-        return latest_checkpoint(uri, s3_client=s3_client_for(uri, getattr(backend, "aws_conn_id", None)))
 
     def _task_label(self) -> str:
         run = f" of run {self._run_id}" if self._run_id else ""

@@ -117,7 +117,8 @@ class GpuReaperOperator(BaseOperator):
         self.grace_period_s = DEFAULT_GRACE_PERIOD_S if seconds is None else seconds
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from gpu_provider.spend.reaper import AirflowApi, AirflowApiError, reap
+        from gpu_provider.airflow_api import AirflowApi, AirflowApiError
+        from gpu_provider.spend.reaper import reap
 
         for name, why in sorted(self.skipped_backends.items()):
             self.log.warning("Not sweeping the %s backend: %s.", name, why)

@@ -22,8 +22,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_provider.airflow_api import AirflowApi
 from gpu_provider.quotas.file import POOL_PREFIX, Quotas
-from gpu_provider.spend.reaper import AirflowApi
 
 #: task instance states of a task waiting for a pool slot
 WAITING_STATES = ("scheduled",)

@@ -12,6 +12,7 @@ from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from gpu_provider.exceptions import CheckpointReadError
 from gpu_provider.job import is_templated, safe_repr, validate_checkpoint_uri
+from gpu_provider.names import DEFER_TIMEOUT_SLACK_S, MAX_POLL_INTERVAL_S
 from gpu_provider.runtime.checkpoint import published_checkpoint
 from gpu_provider.templates import WithTemplateFilters
 from gpu_provider.triggers.checkpoint import (
@@ -29,9 +30,6 @@ if TYPE_CHECKING:
 #: ``newer_than=`` this: the newest step the same task saw in an earlier run
 PREVIOUS_RUN = "previous_run"
 DEFAULT_POLL_INTERVAL_S = 60.0
-MAX_POLL_INTERVAL_S = 3600.0
-#: how much longer Airflow's own deferral timeout is than the trigger's deadline (a backstop only)
-_DEFER_MARGIN_S = 300.0
 
 
 def _poll_interval(value: Any) -> float:
@@ -198,7 +196,7 @@ class CheckpointSensor(WithTemplateFilters, BaseSensorOperator):
                 end_time=started + self.timeout,
             ),
             method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout + _DEFER_MARGIN_S),
+            timeout=timedelta(seconds=self.timeout + DEFER_TIMEOUT_SLACK_S),
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:

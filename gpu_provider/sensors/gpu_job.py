@@ -38,6 +38,7 @@ from gpu_provider.exceptions import (
 )
 from gpu_provider.job import MAX_DURATION_S, is_templated, to_bool
 from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
+from gpu_provider.names import DEFER_TIMEOUT_SLACK_S, MAX_POLL_INTERVAL_S
 from gpu_provider.operators._fields import (
     any_templated,
     check_fixed_options,
@@ -54,10 +55,6 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT = timedelta(days=7)
 #: how long an interrupted job's next attempt may take to appear (the operator's backoff is at most 5 minutes)
 DEFAULT_RESUBMIT_TIMEOUT = timedelta(minutes=15)
-#: the longest ``poll_interval``, as for the operator: a status check at least every hour
-MAX_POLL_INTERVAL_S = 3600.0
-#: Airflow's own deferral timeout, a backstop past the deadline the trigger enforces itself
-DEFER_TIMEOUT_SLACK_S = 300.0
 
 
 @dataclass

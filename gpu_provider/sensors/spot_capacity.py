@@ -11,6 +11,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout
 
 from gpu_provider.exceptions import SpotCapacityError
+from gpu_provider.names import DEFER_TIMEOUT_SLACK_S, MAX_POLL_INTERVAL_S
 from gpu_provider.triggers.spot_capacity import (
     EVENT_STATUSES,
     SUCCESS,
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
 DEFAULT_TIMEOUT_S = 3600.0
 #: seconds between readings by default: scores and prices change slowly
 DEFAULT_POLL_INTERVAL_S = 300.0
-MAX_POLL_INTERVAL_S = 3600.0
-#: how much longer Airflow's own deferral timeout is than the trigger's deadline (a backstop only)
-_DEFER_MARGIN_S = 300.0
 
 
 def _seconds(value: Any, field: str, *, low: float, high: float) -> float:
@@ -151,7 +149,7 @@ class SpotCapacitySensor(BaseSensorOperator):
                 end_time=started + self.timeout,
             ),
             method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout + _DEFER_MARGIN_S),
+            timeout=timedelta(seconds=self.timeout + DEFER_TIMEOUT_SLACK_S),
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> Any:

@@ -10,6 +10,8 @@ fixtures ``gpu_local``, ``gpu_aws``, ``gpu_kubernetes`` and ``run_gpu_dag``;
   server, each jobs' commands run as local processes (needs the ``[testing]`` extra).
 * :mod:`gpu_provider.testing.dagrun` - run a DAG with ``dag.test()`` in a child process and read what
   each task did (base install).
+  Its child's side is :mod:`gpu_provider.testing.dagchild`; :mod:`gpu_provider.testing.warm` forks the
+  children from a server that imported Airflow once.
 * :mod:`gpu_provider.testing.check` - the job-program checker (base install).
 
 Importing this package (or the plugin) imports no moto, boto3 or emulator: only a fixture that needs

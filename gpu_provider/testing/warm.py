@@ -275,9 +275,9 @@ def _run_child(request: dict[str, Any], server_files: Sequence[Any]) -> None:
         settings.DAGS_FOLDER = os.path.expanduser(conf.get_mandatory_value("core", "DAGS_FOLDER"))
         if settings.engine is not None:
             settings.engine.dispose(close=False)  # no connection of the server's is shared
-        from gpu_provider.testing import dagrun
+        from gpu_provider.testing import dagchild
 
-        dagrun.main(request["args"])
+        dagchild.main(request["args"])
     except SystemExit as exit_:
         if isinstance(exit_.code, int):
             code = exit_.code

@@ -156,8 +156,8 @@ class SharedPoller:
         # a job's end is final: its subscribers that have not yet left get it again, the service is not asked
         self._ended: dict[str, JobStatus] = {}
         self._task: asyncio.Task[None] | None = None
+        #: batched polls made so far, one ``Backend.poll`` call each (tests and diagnostics count them)
         self.ticks = 0
-        self.calls = 0
         #: ticks of the jobs named by events (counted in ``ticks`` and ``calls`` too)
         self.event_ticks = 0
         #: seconds between regular ticks while the event source says events flow
@@ -201,6 +201,11 @@ class SharedPoller:
             self._watched = frozenset(k for h, _ in self._subscribers.values() for k in (h.job_id, h.name))
         if not self._subscribers and self._wake is not None:
             self._wake.set()  # the poller ends now, and with it its hold on the event source
+
+    @property
+    def calls(self) -> int:
+        """Service calls made so far: one batched poll per tick, so always :attr:`ticks`."""
+        return self.ticks
 
     def current_interval(self) -> float:
         """Seconds between regular ticks now: the backstop while events flow, else the poll interval."""
@@ -285,7 +290,6 @@ class SharedPoller:
         if not handles:  # every job left has ended; its triggers are still reading the end
             return
         self.ticks += 1
-        self.calls += 1
         result: Mapping[str, JobStatus | Exception] | BaseException
         try:
             result = await asyncio.to_thread(self.backend.poll, handles)

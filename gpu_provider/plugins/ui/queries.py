@@ -29,11 +29,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from gpu_provider.backends.base import Backend, JobStatus, OwnedJob, provider_config, resolve_backend
+from gpu_provider.names import STATE_KEY
 from gpu_provider.plugins.ui.data import LIVE_TI_STATES, TEAM_POOL_PREFIX, WINDOWS, PoolRow, TaskRow, parse_records
 from gpu_provider.records import AttemptRecord
 
-#: the task state store key of the operator's attempt records (``GpuJobOperator`` writes it)
-STATE_KEY = "gpu_provider_attempts"
 #: the most task instances (state store rows) one read takes, newest update first
 MAX_TASK_ROWS = 20_000
 #: seconds a read of the records, the pools and the live jobs is reused
