@@ -105,17 +105,26 @@ def run_marked(args: Sequence[str], env: dict[str, str], node: int, nnodes: int)
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    child = subprocess.Popen(list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert child.stdout is not None and child.stderr is not None
-    found: list[str] = []
-    watches = [_FaultWatch(child.stdout, 1, nnodes, found), _FaultWatch(child.stderr, 2, nnodes, found)]
+    started: list[subprocess.Popen[bytes]] = []
+    early: list[int] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
+        if not started:  # before the child exists: passed on as soon as it does
+            early.append(signum)
+        elif started[0].poll() is None:
+            started[0].send_signal(signum)
 
+    # the handlers come first: a stop that arrives while the child starts (its output may already be out)
+    # must reach it, not end this process and leave the command running without its marker
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
+        child = subprocess.Popen(list(args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        started.append(child)
+        for signum in early:
+            forward(signum, None)
+        assert child.stdout is not None and child.stderr is not None
+        found: list[str] = []
+        watches = [_FaultWatch(child.stdout, 1, nnodes, found), _FaultWatch(child.stderr, 2, nnodes, found)]
         code = exit_status(child.wait())
         for watch in watches:  # the rest of the output (a process the command left behind may hold a pipe)
             watch.thread.join(_DRAIN_S)
