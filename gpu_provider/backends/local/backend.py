@@ -24,6 +24,7 @@ from gpu_provider.backends.base import (
     PollResult,
     TaskKey,
 )
+from gpu_provider.backends.common import check_owner_try
 from gpu_provider.backends.local import common, control, folders, launch, lookups
 from gpu_provider.backends.local.folders import this_host
 from gpu_provider.backends.local.gpus import NVIDIA_MODELS, detect_gpu_models, detect_gpus
@@ -369,8 +370,8 @@ class LocalBackend(Backend):
     def mark(self, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:
         """Record in the job's folder (``mark.json``, written atomically) the try that owns it, and
         whether its outcome was collected; :meth:`poll` reports both. ``collected`` never goes back."""
-        if owner_try is not None and (isinstance(owner_try, bool) or not isinstance(owner_try, int) or owner_try < 1):
-            raise ValueError(f"owner_try={owner_try!r} must be an Airflow try number (an integer >= 1) or None")
+        if owner_try is not None:
+            check_owner_try(owner_try)
         control.mark(handle, self._job_dir(handle), owner_try=owner_try, collected=collected)
 
     # --- lookup and housekeeping ---------------------------------------------------------------

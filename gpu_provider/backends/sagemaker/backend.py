@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpu_provider import names
 from gpu_provider.backends.aws.calls import PATIENT_ATTEMPTS, Clients
+from gpu_provider.backends.aws.status import VISIBILITY_GRACE_S
 from gpu_provider.backends.base import (
     LOG_READ_BYTES,
     Backend,
@@ -46,7 +47,7 @@ from gpu_provider.backends.base import (
     lookup_key,
     task_from_tags,
 )
-from gpu_provider.backends.common import run_bounded, text_option
+from gpu_provider.backends.common import ATTEMPT_NAME_END, port_option, run_bounded, text_option
 from gpu_provider.backends.sagemaker import logs as job_logs
 from gpu_provider.backends.sagemaker import mapping, ownership, requests, status
 from gpu_provider.backends.sagemaker.cache import JobCache
@@ -56,7 +57,6 @@ from gpu_provider.backends.sagemaker.options import (
     DEFAULT_VOLUME_GB,
     full_describe_every_option,
     instance_type_option,
-    master_port_option,
     output_path_option,
     role_arn_option,
     volume_size_option,
@@ -81,7 +81,6 @@ from gpu_provider.backends.sagemaker.requests import (
     SECRETS_ENTRY,
 )
 from gpu_provider.backends.sagemaker.service import LIST_PAGE, SERVICE, TrainingJobs
-from gpu_provider.backends.sagemaker.status import JOB_NAME, VISIBILITY_GRACE_S
 from gpu_provider.exceptions import GpuJobError, GpuJobStatusError
 from gpu_provider.job import GpuResources, to_bool
 from gpu_provider.runtime.secrets import check_refs
@@ -222,7 +221,7 @@ class SageMakerBackend(Backend):
         self.instance_type = instance_type_option(instance_type)
         self.kms_key_id = text_option("kms_key_id", kms_key_id, config_key="sagemaker_kms_key_id")
         self.secrets = check_refs(secrets)
-        self.master_port = master_port_option(master_port)
+        self.master_port = port_option("master_port", master_port)
         self.multi_node_entry = to_bool("multi_node_entry", multi_node_entry)
         self._full_describe_every_arg = full_describe_every
         self.full_describe_every = full_describe_every_option(full_describe_every)
@@ -451,7 +450,7 @@ class SageMakerBackend(Backend):
         handles = []
         for summary in self._jobs.list_jobs(name_contains=f"{task.prefix}-t"):
             name = str(summary.get("TrainingJobName") or "")
-            match = JOB_NAME.search(name)
+            match = ATTEMPT_NAME_END.search(name)
             if not match or name[: match.start()] != task.prefix:
                 continue  # another map index's jobs
             read = self._read(name)

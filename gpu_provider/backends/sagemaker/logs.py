@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_provider.backends.aws import logs as aws_logs
 from gpu_provider.backends.aws.calls import POLL_ATTEMPTS, Clients, call, error_code
-from gpu_provider.backends.aws.logs import LogCursor, StreamNotFoundError, log_chunk, read_streams
-from gpu_provider.backends.base import LogChunk, clip_line
+from gpu_provider.backends.aws.logs import LogCursor, read_log
+from gpu_provider.backends.base import LogChunk
 
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 #: host streams :func:`output_tail` reads from the end (one GetLogEvents each)
@@ -18,28 +19,13 @@ TAIL_STREAMS = 8
 
 
 def read(clients: Clients, job_name: str, cursor: str | None, max_bytes: int) -> LogChunk:
-    """Every host's stream after ``cursor``, each line prefixed with its host."""
+    """Every host's stream after ``cursor``, each line prefixed with its host
+    (:func:`gpu_provider.backends.aws.logs.read_log`)."""
     state = LogCursor.load(cursor)
-    client = clients.get("logs")
     streams = host_streams(clients, job_name)
     if not streams:
         return LogChunk(lines=[], cursor=cursor, more=False)
-
-    def get_page(kwargs: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return call(
-                "GetLogEvents",
-                lambda: client.get_log_events(**kwargs),
-                attempts=POLL_ATTEMPTS,
-                service="CloudWatch Logs",
-            )
-        except Exception as err:
-            if error_code(err) == "ResourceNotFoundException":
-                raise StreamNotFoundError(str(kwargs["logStreamName"])) from err
-            raise
-
-    lines, more = read_streams(get_page, LOG_GROUP, streams, state, max_bytes)
-    return log_chunk(lines, state, more)
+    return read_log(clients, LOG_GROUP, streams, state, max_bytes)
 
 
 def host_streams(clients: Clients, job_name: str) -> list[tuple[str, str]]:
@@ -57,7 +43,7 @@ def host_streams(clients: Clients, job_name: str) -> list[tuple[str, str]]:
                 "DescribeLogStreams",
                 lambda kwargs=kwargs: client.describe_log_streams(**kwargs),  # type: ignore[misc]
                 attempts=POLL_ATTEMPTS,
-                service="CloudWatch Logs",
+                service=aws_logs.SERVICE,
             )
         except Exception as err:
             if error_code(err) == "ResourceNotFoundException":
@@ -78,27 +64,8 @@ def host_streams(clients: Clients, job_name: str) -> list[tuple[str, str]]:
 
 def tail(clients: Clients, job_name: str, lines: int) -> list[str]:
     """The last ``lines`` log lines of the job: one GetLogEvents from the end of each of the last
-    :data:`TAIL_STREAMS` host streams (those of its last run), merged by time."""
+    :data:`TAIL_STREAMS` host streams (those of its last run), merged by time
+    (:func:`gpu_provider.backends.aws.logs.tail`)."""
     if lines <= 0:
         return []
-    client = clients.get("logs")
-    events: list[tuple[int, int, str]] = []
-    for label, stream in host_streams(clients, job_name)[-TAIL_STREAMS:]:
-        try:
-            page = call(
-                "GetLogEvents",
-                lambda stream=stream: client.get_log_events(  # type: ignore[misc]
-                    logGroupName=LOG_GROUP, logStreamName=stream, startFromHead=False, limit=lines
-                ),
-                attempts=POLL_ATTEMPTS,
-                service="CloudWatch Logs",
-            )
-        except Exception as err:
-            if error_code(err) == "ResourceNotFoundException":
-                continue
-            raise
-        for event in page.get("events") or []:
-            message = clip_line(str(event.get("message", "")).rstrip("\n"))
-            events.append((int(event.get("timestamp") or 0), len(events), label + message))
-    events.sort()
-    return [line for _, _, line in events[-lines:]]
+    return aws_logs.tail(clients, LOG_GROUP, host_streams(clients, job_name)[-TAIL_STREAMS:], lines)

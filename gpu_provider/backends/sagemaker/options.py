@@ -79,17 +79,6 @@ def instance_type_option(value: str | None) -> str | None:
     return mapping.training_instance(chosen) if chosen else None
 
 
-def master_port_option(master_port: int | str) -> int:
-    """``MASTER_PORT`` of multi-node jobs: a TCP port number."""
-    try:
-        port = int(str(master_port).strip())
-    except ValueError:
-        port = -1
-    if not 1 <= port <= 65535:
-        raise ValueError(f"master_port={master_port!r} must be a TCP port number (1-65535)")
-    return port
-
-
 def full_describe_every_option(full_describe_every: int | str | None) -> int:
     """Poll ticks between full describes of a running managed-spot job [``sagemaker_full_describe_every``]."""
     every: Any = full_describe_every

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from gpu_provider import names
 from gpu_provider.backends.aws.calls import PATIENT_ATTEMPTS, error_code
 from gpu_provider.backends.base import JobHandle, OwnerRead
+from gpu_provider.backends.common import check_owner_try
 from gpu_provider.backends.sagemaker.cache import JobCache
 from gpu_provider.backends.sagemaker.service import SERVICE, TrainingJobs, not_found
 from gpu_provider.exceptions import GpuJobError
@@ -112,9 +113,7 @@ def mark(jobs: TrainingJobs, seen: JobCache, handle: JobHandle, *, owner: int | 
     """Tag the job (AddTags): the try that owns it, or that its outcome was collected."""
     tags: dict[str, str] = {}
     if owner is not None:
-        if isinstance(owner, bool) or not isinstance(owner, int) or owner < 1:
-            raise ValueError(f"owner_try={owner!r} must be an Airflow try number (an integer, 1 or more)")
-        tags[names.TAG_OWNER_TRY] = str(owner)
+        tags[names.TAG_OWNER_TRY] = str(check_owner_try(owner))
     if collected:
         tags[names.TAG_COLLECTED] = "true"
     if not tags:

@@ -6,23 +6,12 @@ The clients, the backoff and what counts as throttling are shared with the Batch
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gpu_provider.backends.aws.calls import (
-    PATIENT_ATTEMPTS,
-    POLL_ATTEMPTS,
-    Clients,
-    backoff,
-    call,
-    error_code,
-    is_throttling,
-    may_have_happened,
-)
+from gpu_provider.backends.aws.calls import POLL_ATTEMPTS, Clients, call, error_code, send_unsure
 from gpu_provider.backends.base import JobIdentity
 from gpu_provider.backends.sagemaker import mapping
-from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError
 
 if TYPE_CHECKING:
     from botocore.client import BaseClient
@@ -55,27 +44,18 @@ class TrainingJobs:
 
     def create(self, identity: JobIdentity, body: dict[str, Any]) -> str | None:
         """CreateTrainingJob, sent again after throttling or a lost answer: the job's ARN, or ``None`` when
-        the name is in use."""
+        the name is in use (:func:`~gpu_provider.backends.aws.calls.send_unsure`)."""
         client = self.clients.get("sagemaker", automatic_retries=False)
-        for attempt in range(1, PATIENT_ATTEMPTS + 1):
+
+        def send() -> str | None:
             try:
                 return str(client.create_training_job(**body)["TrainingJobArn"])
             except Exception as err:
                 if error_code(err) == "ResourceInUse":
                     return None  # this name exists: an earlier send created it
-                if not may_have_happened(err):
-                    raise
-                if attempt == PATIENT_ATTEMPTS:
-                    if is_throttling(err):
-                        raise GpuBackendThrottledError(
-                            f"{SERVICE} throttled CreateTrainingJob for {identity.name} {attempt} times in a row"
-                        ) from err
-                    raise GpuJobError(
-                        f"{SERVICE} CreateTrainingJob for {identity.name} failed {attempt} times "
-                        f"({type(err).__name__}: {err})"
-                    ) from err
-                time.sleep(backoff(attempt))
-        raise AssertionError("unreachable")
+                raise
+
+        return send_unsure(f"CreateTrainingJob for {identity.name}", send, service=SERVICE)
 
     def describe(self, name: str, *, attempts: int = POLL_ATTEMPTS) -> dict[str, Any] | None:
         """DescribeTrainingJob; ``None`` for a job SageMaker does not know."""

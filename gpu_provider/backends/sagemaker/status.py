@@ -7,23 +7,18 @@ with the words a reader needs (whose fault, which limit, who stopped it).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from gpu_provider import names
+from gpu_provider.backends.aws import status as aws_status
 from gpu_provider.backends.base import JobHandle, JobState, JobStatus, OwnedJob, map_state, task_from_tags
+from gpu_provider.backends.common import attempt_in_name
 from gpu_provider.backends.sagemaker import mapping
 from gpu_provider.backends.sagemaker.ownership import owner_try, stop_reason
 from gpu_provider.backends.sagemaker.service import SERVICE
 from gpu_provider.exceptions import GpuJobStatusError
-
-#: a job not found this long after its submission is lost (before: not visible yet)
-VISIBILITY_GRACE_S = 60.0
-
-JOB_NAME = re.compile(r"-t(\d+)-a(\d+)$")
-"""The end of an attempt's job name: its try and attempt numbers."""
 
 
 def status_of(
@@ -121,29 +116,20 @@ def status_of(
 
 
 def missing(handle: JobHandle, now: float) -> JobStatus | GpuJobStatusError:
-    """What a job DescribeTrainingJob does not know means: not visible yet, or gone for good."""
-    age = now - handle.submitted_at
-    if age < VISIBILITY_GRACE_S:
-        return GpuJobStatusError(
-            f"{SERVICE} does not describe training job {handle.name} yet, {age:.0f}s after it was submitted; "
-            "reading it again on the next poll"
-        )
-    return JobStatus(
-        state=JobState.FAILED,
-        reason=(
-            f"{SERVICE} no longer knows training job {handle.name} (deleted): how it ended cannot be known. "
-            "Treated as lost: the capacity policy decides whether a new attempt runs, resuming from the "
-            "latest checkpoint."
-        ),
-        interruption=names.LOST,
-        capacity=handle.capacity,
+    """What a job DescribeTrainingJob does not know means: not visible yet, or gone for good
+    (:func:`gpu_provider.backends.aws.status.missing`)."""
+    return aws_status.missing(
+        handle,
+        now,
+        unseen=f"{SERVICE} does not describe training job {handle.name}",
+        gone=f"{SERVICE} no longer knows training job {handle.name} (deleted): how it ended cannot be known.",
     )
 
 
 def handle_of(job: Mapping[str, Any], tags: Mapping[str, str], *, backend: str, region: str) -> JobHandle:
     """The handle of a job found by a lookup or a listing (or adopted by a re-sent submit)."""
     name = str(job["TrainingJobName"])
-    match = JOB_NAME.search(name)
+    attempt = attempt_in_name(name)
     resources = job.get("ResourceConfig") or {}
     nodes = int(resources.get("InstanceCount") or 1)
     try:
@@ -154,7 +140,7 @@ def handle_of(job: Mapping[str, Any], tags: Mapping[str, str], *, backend: str, 
         backend=backend,
         job_id=name,
         name=name,
-        attempt=int(match.group(2)) if match else int(tags.get(names.TAG_ATTEMPT) or 1),
+        attempt=attempt if attempt is not None else int(tags.get(names.TAG_ATTEMPT) or 1),
         capacity=names.SPOT if job.get("EnableManagedSpotTraining") else names.ON_DEMAND,
         submitted_at=mapping.seconds(job.get("CreationTime")) or time.time(),
         extra={
