@@ -1,8 +1,10 @@
 """The pieces every backend shares (``gpu_provider.backends.common``): the attempt number in a job's name
 (the format of ``JobIdentity.name``), the ``master_port`` option, and ``mark``'s owner-try check, here
-through the Kubernetes backend, which uses them."""
+also through the backends that use them (Kubernetes, SageMaker; local for the owner-try check)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,8 @@ from gpu_provider import names
 from gpu_provider.backends.base import JobHandle, JobIdentity, TaskKey
 from gpu_provider.backends.common import attempt_in_name, check_owner_try, port_option
 from gpu_provider.backends.kubernetes import KubernetesBackend
+from gpu_provider.backends.local import LocalBackend
+from gpu_provider.backends.sagemaker import SageMakerBackend
 
 
 def test_the_attempt_in_a_name_reads_what_the_identity_writes() -> None:
@@ -31,6 +35,8 @@ def test_a_port_option_names_the_field_and_value(value: object) -> None:
         port_option("master_port", value)
     with pytest.raises(ValueError, match=r"master_port=.* must be a TCP port number"):
         KubernetesBackend(master_port=value)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=rf"master_port={value!r} must be a TCP port number \(1-65535\)"):
+        SageMakerBackend(master_port=value)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", [0, -3, True, "2", 1.0])
@@ -42,3 +48,12 @@ def test_an_owner_try_is_an_airflow_try_number(value: object) -> None:
     with pytest.raises(ValueError, match=rf"owner_try={value!r} must be an Airflow try number"):
         KubernetesBackend().mark(handle, owner_try=value)  # type: ignore[arg-type]
     assert check_owner_try(1) == 1
+
+
+@pytest.mark.parametrize("value", [0, -3, True, "2", 1.0])
+def test_sagemaker_and_local_refuse_a_bad_owner_try_before_any_request(value: object, tmp_path: Path) -> None:
+    for backend in (SageMakerBackend(), LocalBackend(state_dir=tmp_path)):
+        handle = JobHandle(backend.name, "gp-x-t1-a1", "gp-x-t1-a1", 1, names.SPOT, 0.0, {"region": "eu-west-1"})
+        with pytest.raises(ValueError, match=rf"owner_try={value!r} must be an Airflow try number"):
+            backend.mark(handle, owner_try=value)  # type: ignore[arg-type]
+    assert not any(tmp_path.iterdir()), "the local backend wrote a mark it refused"

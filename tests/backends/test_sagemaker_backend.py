@@ -16,9 +16,11 @@ import pytest
 from botocore.validate import ParamValidator
 
 from gpu_provider import names
-from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, TaskKey
+from gpu_provider.backends.aws.status import VISIBILITY_GRACE_S
+from gpu_provider.backends.base import JobHandle, JobIdentity, JobRequest, JobState, JobStatus, TaskKey
 from gpu_provider.backends.common import END_OF_LOG_COMMAND
-from gpu_provider.backends.sagemaker import INSTANCE_TABLE, STATE_TABLE, SageMakerBackend, mapping
+from gpu_provider.backends.sagemaker import INSTANCE_TABLE, STATE_TABLE, SageMakerBackend, mapping, status
+from gpu_provider.exceptions import GpuJobStatusError
 from gpu_provider.job import GpuResources
 from gpu_provider.triggers.gpu_job import GpuJobTrigger, SharedPoller
 from tests.sagemaker_world import CHECKPOINT_BUCKET, SageMakerWorld
@@ -203,6 +205,24 @@ def test_restarts_and_the_spot_wait_are_read_from_the_transitions() -> None:
     job = _job("InProgress", "Starting", SecondaryStatusTransitions=transitions)
     assert mapping.restarts(job) == 1 and mapping.queued_since(job) == 150.0
     assert mapping.queued_since(_job("InProgress", "Starting", SecondaryStatusTransitions=transitions[:1])) is None
+
+
+def test_a_job_sagemaker_does_not_describe_is_not_visible_yet_then_lost_with_its_name_said() -> None:
+    handle = JobHandle("sagemaker", "gp-x-t1-a1", "gp-x-t1-a1", 1, names.SPOT, 1000.0, {})
+    early = status.missing(handle, 1000.0 + VISIBILITY_GRACE_S - 1)
+    assert isinstance(early, GpuJobStatusError)
+    assert str(early) == (
+        "Amazon SageMaker does not describe training job gp-x-t1-a1 yet, 59s after it was submitted; "
+        "reading it again on the next poll"
+    )
+    late = status.missing(handle, 1000.0 + VISIBILITY_GRACE_S)
+    assert isinstance(late, JobStatus)
+    assert (late.state, late.interruption, late.capacity) == (JobState.FAILED, names.LOST, names.SPOT)
+    assert late.reason == (
+        "Amazon SageMaker no longer knows training job gp-x-t1-a1 (deleted): how it ended cannot be known. "
+        "Treated as lost: the capacity policy decides whether a new attempt runs, resuming from the latest "
+        "checkpoint."
+    )
 
 
 def test_a_lost_create_answer_adopts_the_job_it_created(sagemaker: SageMakerWorld) -> None:
