@@ -10,8 +10,10 @@
 * :mod:`~gpu_provider.backends.sagemaker.cache`: what polls saw, for polling only;
 * :mod:`~gpu_provider.backends.sagemaker.mapping`: what SageMaker's states mean, the instance table.
 
-Clients, throttling backoff and CloudWatch log reading are shared with the Batch backend
-(:mod:`gpu_provider.backends.aws`). Nothing here imports boto3 until a client is needed.
+Clients, throttling backoff, the create sent again after a lost answer, the rule for a job the service no
+longer returns and CloudWatch log reading are shared with the Batch backend (:mod:`gpu_provider.backends.aws`);
+the ``master_port`` option, the owner-try check and the job-name pattern with every backend
+(:mod:`gpu_provider.backends.common`). Nothing here imports boto3 until a client is needed.
 """
 
 from __future__ import annotations
