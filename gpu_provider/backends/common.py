@@ -171,6 +171,17 @@ def check_owner_try(owner_try: Any) -> int:
     return owner_try
 
 
+def mark_tags(owner_try: int | None, collected: bool) -> dict[str, str]:
+    """The tags (or labels) :meth:`~gpu_provider.backends.base.Backend.mark` writes: the owner try, checked
+    (:func:`check_owner_try`), and the collected flag; ``{}`` when there is nothing to write."""
+    tags: dict[str, str] = {}
+    if owner_try is not None:
+        tags[names.TAG_OWNER_TRY] = str(check_owner_try(owner_try))
+    if collected:
+        tags[names.TAG_COLLECTED] = "true"
+    return tags
+
+
 #: the end of an attempt's name, ``-t<try>-a<attempt>`` (:attr:`gpu_provider.backends.base.JobIdentity.name`)
 ATTEMPT_NAME_END = re.compile(r"-t(\d+)-a(\d+)$")
 

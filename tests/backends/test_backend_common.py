@@ -10,7 +10,7 @@ import pytest
 
 from gpu_provider import names
 from gpu_provider.backends.base import JobHandle, JobIdentity, TaskKey
-from gpu_provider.backends.common import attempt_in_name, check_owner_try, port_option
+from gpu_provider.backends.common import attempt_in_name, check_owner_try, mark_tags, port_option
 from gpu_provider.backends.kubernetes import KubernetesBackend
 from gpu_provider.backends.local import LocalBackend
 from gpu_provider.backends.sagemaker import SageMakerBackend
@@ -57,3 +57,12 @@ def test_sagemaker_and_local_refuse_a_bad_owner_try_before_any_request(value: ob
         with pytest.raises(ValueError, match=rf"owner_try={value!r} must be an Airflow try number"):
             backend.mark(handle, owner_try=value)  # type: ignore[arg-type]
     assert not any(tmp_path.iterdir()), "the local backend wrote a mark it refused"
+
+
+def test_the_tags_of_a_mark_name_the_owner_try_and_the_collected_flag() -> None:
+    assert mark_tags(None, False) == {}
+    assert mark_tags(3, False) == {names.TAG_OWNER_TRY: "3"}
+    assert mark_tags(None, True) == {names.TAG_COLLECTED: "true"}
+    assert mark_tags(2, True) == {names.TAG_OWNER_TRY: "2", names.TAG_COLLECTED: "true"}
+    with pytest.raises(ValueError, match=r"owner_try=0 must be an Airflow try number"):
+        mark_tags(0, True)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from gpu_provider import names
 from gpu_provider.backends.aws.calls import PATIENT_ATTEMPTS, error_code
 from gpu_provider.backends.base import JobHandle, OwnerRead
-from gpu_provider.backends.common import check_owner_try
+from gpu_provider.backends.common import mark_tags
 from gpu_provider.backends.sagemaker.cache import JobCache
 from gpu_provider.backends.sagemaker.service import SERVICE, TrainingJobs, not_found
 from gpu_provider.exceptions import GpuJobError
@@ -111,11 +111,7 @@ def stop(jobs: TrainingJobs, handle: JobHandle, reason: str) -> None:
 
 def mark(jobs: TrainingJobs, seen: JobCache, handle: JobHandle, *, owner: int | None, collected: bool) -> None:
     """Tag the job (AddTags): the try that owns it, or that its outcome was collected."""
-    tags: dict[str, str] = {}
-    if owner is not None:
-        tags[names.TAG_OWNER_TRY] = str(check_owner_try(owner))
-    if collected:
-        tags[names.TAG_COLLECTED] = "true"
+    tags = mark_tags(owner, collected)
     if not tags:
         return
     jobs.add_tags(job_arn(jobs, handle), tags)
