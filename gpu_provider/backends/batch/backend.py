@@ -207,20 +207,9 @@ class BatchBackend(Backend):
             "queues_by_instance_type": {t: dict(q) for t, q in self.queues_by_instance_type.items()},
         }
 
-    def validate(
-        self,
-        resources: GpuResources,
-        capacity: str,
-        *,
-        multi_capacity: bool,
-        priority: int | None = None,
-        max_runtime_s: float | None = None,
-    ) -> None:
-        super().validate(
-            resources, capacity, multi_capacity=multi_capacity, priority=priority, max_runtime_s=max_runtime_s
-        )
+    def validate_job(self, resources: GpuResources, capacity: str, multi: bool, runtime_s: float | None) -> None:
         other = names.ON_DEMAND if capacity == names.SPOT else names.SPOT
-        for needed in sorted({capacity, other} if multi_capacity else {capacity}):
+        for needed in sorted({capacity, other} if multi else {capacity}):
             option = "spot_queue" if needed == names.SPOT else "on_demand_queue"
             if not getattr(self, option):
                 raise ValueError(

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from gpu_provider import names
 from gpu_provider.backends.aws.calls import PATIENT_ATTEMPTS
 from gpu_provider.backends.base import JobHandle, OwnerRead
 from gpu_provider.backends.batch.service import BatchJobs
 from gpu_provider.backends.batch.status import owner_try
-from gpu_provider.backends.common import check_owner_try
+from gpu_provider.backends.common import mark_tags
 from gpu_provider.exceptions import GpuJobError
 
 
@@ -22,11 +21,7 @@ def read_owner(jobs: BatchJobs, handle: JobHandle) -> OwnerRead:
 
 def mark(jobs: BatchJobs, handle: JobHandle, *, owner: int | None, collected: bool) -> None:
     """Tag the job (TagResource on its ARN): the try that owns it, or that its outcome was collected."""
-    tags: dict[str, str] = {}
-    if owner is not None:
-        tags[names.TAG_OWNER_TRY] = str(check_owner_try(owner))
-    if collected:
-        tags[names.TAG_COLLECTED] = "true"
+    tags = mark_tags(owner, collected)
     if not tags:
         return
     jobs.tag(str(handle.extra.get("job_arn") or "") or job_arn(jobs, handle), tags)

@@ -92,7 +92,7 @@ class Backend(ABC):
         """Refuse at parse time what this backend can never run (raise ``ValueError``).
 
         The checks every backend shares are made here from :attr:`capabilities`; a backend adds its
-        own after calling ``super().validate(...)``.
+        own in :meth:`validate_job`, which this calls last.
 
         :param capacity: the first attempt's capacity
         :param multi_capacity: whether later attempts may use the other capacity type
@@ -125,6 +125,16 @@ class Backend(ABC):
                 f"max_runtime={max_runtime_s:g}s (or execution_timeout): {where} accepts limits of "
                 f"{caps.min_runtime_s:g}s or more"
             )
+        self.validate_job(resources, capacity, multi_capacity, max_runtime_s)
+
+    def validate_job(self, resources: GpuResources, capacity: str, multi: bool, runtime_s: float | None) -> None:
+        """This backend's own parse-time checks, after the shared ones of :meth:`validate` (raise
+        ``ValueError`` naming the field, the value and what is allowed). None by default.
+
+        :param multi: whether later attempts may use the other capacity type
+        :param runtime_s: the longest an attempt may run, if limited
+        """
+        return None
 
     def validate_instance_fallback(self, instance_types: Sequence[str]) -> None:
         """Refuse at parse time an ordered instance preference this backend cannot place type by type

@@ -189,18 +189,7 @@ class KubernetesBackend(Backend):
             "ttl_after_finished": self.ttl_after_finished,
         }
 
-    def validate(
-        self,
-        resources: GpuResources,
-        capacity: str,
-        *,
-        multi_capacity: bool,
-        priority: int | None = None,
-        max_runtime_s: float | None = None,
-    ) -> None:
-        super().validate(
-            resources, capacity, multi_capacity=multi_capacity, priority=priority, max_runtime_s=max_runtime_s
-        )
+    def validate_job(self, resources: GpuResources, capacity: str, multi: bool, runtime_s: float | None) -> None:
         options.check_resources(resources, self.fractional_gpu_resource)
 
     # --- manifests ----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_provider import names
 from gpu_provider.backends.base import JobHandle, OwnerRead, TaskKey, map_state
-from gpu_provider.backends.common import check_owner_try
+from gpu_provider.backends.common import mark_tags
 from gpu_provider.backends.kubernetes.calls import exists, status_of
 from gpu_provider.backends.kubernetes.manifests import (
     ANNOTATION_DAG_ID,
@@ -68,11 +68,7 @@ def read_owner(objects: Objects, handle: JobHandle) -> OwnerRead:
 
 def mark(objects: Objects, handle: JobHandle, *, owner_try: int | None = None, collected: bool = False) -> None:
     """Label the Pod or Job: the try that owns it, or that its outcome was collected."""
-    labels: dict[str, str] = {}
-    if owner_try is not None:
-        labels[names.TAG_OWNER_TRY] = str(check_owner_try(owner_try))
-    if collected:
-        labels[names.TAG_COLLECTED] = "true"
+    labels = mark_tags(owner_try, collected)
     if not labels:
         return
     kind = kind_of(handle)

@@ -274,22 +274,11 @@ class SageMakerBackend(Backend):
         where missing)."""
         mapping.check_instance_fallback(instance_types)
 
-    def validate(
-        self,
-        resources: GpuResources,
-        capacity: str,
-        *,
-        multi_capacity: bool,
-        priority: int | None = None,
-        max_runtime_s: float | None = None,
-    ) -> None:
-        super().validate(
-            resources, capacity, multi_capacity=multi_capacity, priority=priority, max_runtime_s=max_runtime_s
-        )
+    def validate_job(self, resources: GpuResources, capacity: str, multi: bool, runtime_s: float | None) -> None:
         self.instance_type_for(resources)
-        if max_runtime_s is not None and max_runtime_s > MAX_RUNTIME_S:
+        if runtime_s is not None and runtime_s > MAX_RUNTIME_S:
             raise ValueError(
-                f"max_runtime={max_runtime_s:g}s (or execution_timeout): SageMaker training jobs run at most "
+                f"max_runtime={runtime_s:g}s (or execution_timeout): SageMaker training jobs run at most "
                 f"{MAX_RUNTIME_S}s (28 days)"
             )
 
