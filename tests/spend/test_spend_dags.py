@@ -15,7 +15,7 @@ import pytest
 
 from gpu_provider.backends.local import LocalBackend
 from tests.batch_world import BatchWorld
-from tests.harness import Harness
+from tests.harness import Harness, wait_for
 from tests.statsd import datagrams
 
 #: $0.01 per GPU-second on the local backend
@@ -173,7 +173,14 @@ def test_a_running_job_crossing_its_budget_is_stopped_and_the_task_fails_saying_
     assert "was stopped because its running cost crossed the task's budget" in run.log, run.log[-4000:]
     assert ">= max_cost_usd=$0.03" in run.log
     (handle,) = LocalBackend(state_dir=str(harness.state_dir)).list_jobs()
-    status = LocalBackend(state_dir=str(harness.state_dir)).poll([handle])[handle.job_id]
+    # the stop was asked for before the task failed; the job's processes stop on their own time (its grace period)
+    status = wait_for(
+        lambda: (
+            (s := LocalBackend(state_dir=str(harness.state_dir)).poll([handle])[handle.job_id]).state.terminal and s
+        ),
+        30,
+        "the job to stop",
+    )
     assert status.state.value == "CANCELLED" and "max_cost_usd" in status.reason, status
     # stopped at the budget (3 GPU-seconds), long before the job's own end (60 s)
     assert 3.0 <= status.gpu_seconds < 50.0, status
