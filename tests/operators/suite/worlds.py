@@ -23,7 +23,7 @@ from gpu_provider import names
 from gpu_provider.backends import _local_common as local_common
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
 from gpu_provider.backends.kubernetes.mapping import CANCEL_ANNOTATION
-from gpu_provider.backends.sagemaker.backend import TAG_STOP_REASON
+from gpu_provider.backends.sagemaker.backend import TAG_STOP_REASON, decode_tag_text
 from gpu_provider.testing.worlds import CHECKPOINT_BUCKET
 from tests.backends.contract.worlds import (
     BackendWorld,
@@ -217,7 +217,10 @@ class BatchOperatorWorld(OperatorWorld, _AwsRequests, BatchBackendWorld):
     def created(self) -> list[Created]:
         created = []
         for body in self.bodies("SubmitJob"):
-            env = _env_list((body.get("containerOverrides") or {}).get("environment") or [])
+            overrides = body.get("containerOverrides")
+            if "nodeOverrides" in body:  # a multi-node job: every node gets the same environment
+                (overrides,) = [o["containerOverrides"] for o in body["nodeOverrides"]["nodePropertyOverrides"]]
+            env = _env_list((overrides or {}).get("environment") or [])
             capacity = names.SPOT if body["jobQueue"] == self.batch.setup.spot_queue else names.ON_DEMAND
             assert body["jobQueue"] in (self.batch.setup.spot_queue, self.batch.setup.on_demand_queue), body
             created.append(
@@ -276,7 +279,7 @@ class SageMakerOperatorWorld(OperatorWorld, _AwsRequests, SageMakerBackendWorld)
         for body in self.bodies("AddTags"):
             for tag in body["Tags"]:
                 if tag["Key"] == TAG_STOP_REASON:
-                    reasons[body["ResourceArn"].rsplit("/", 1)[1]] = strip_cancel_prefix(tag["Value"])
+                    reasons[body["ResourceArn"].rsplit("/", 1)[1]] = strip_cancel_prefix(decode_tag_text(tag["Value"]))
         stops = []
         for body in self.bodies("StopTrainingJob"):
             name = body["TrainingJobName"]
