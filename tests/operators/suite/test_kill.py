@@ -4,30 +4,14 @@ Airflow (dag.test in a child process, SIGTERM as Airflow kills a task) or the re
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import time
-from collections.abc import MutableMapping
-from typing import Any
-
-from structlog.testing import capture_logs
 
 from gpu_provider.backends.base import JobState
 from gpu_provider.triggers.gpu_job import GpuJobTrigger
-from tests.backends.contract.worlds import py, wait_ended, wait_state
+from tests.backends.contract.worlds import wait_ended, wait_state
 from tests.harness import Harness, pid_alive, wait_for
-from tests.operators.suite.test_reattach import pids
+from tests.operators.suite.helpers import TICKING, kill_once_seen_running, pids
 from tests.operators.suite.worlds import OperatorWorld
-
-#: a job that prints a line every 0.1 s for a minute (tests stop it long before)
-TICKING = py(
-    """
-    import time
-    for i in range(600):
-        print('tick', i, flush=True)
-        time.sleep(0.1)
-    """
-)
 
 
 def test_killing_a_running_task_stops_its_job_on_every_node(harness: Harness, world: OperatorWorld) -> None:
@@ -58,6 +42,9 @@ def test_killing_a_running_task_stops_its_job_on_every_node(harness: Harness, wo
     wait_for(lambda: not any(pid_alive(p) for p in job_pids.values()), 30, "every node's process to stop")
     worker.wait(timeout=30)
     assert f"Cancelled {world.name} job" in log.read_text()
+    # the service ends the job on its own time (SageMaker: Stopping -> Stopped), as on AWS: wait for it
+    for handle in world.handles(world.task_key(dag_id)):  # a deleted Kubernetes Job is gone from the lists
+        assert wait_ended(world.backend(), handle).state is JobState.CANCELLED
 
 
 def test_killing_a_deferred_task_stops_its_job(world: OperatorWorld) -> None:
@@ -68,29 +55,7 @@ def test_killing_a_deferred_task_stops_its_job(world: OperatorWorld) -> None:
     handle = backend.submit(request)
     label = f"Airflow task {key.dag_id}.{key.task_id} of run {key.run_id}"
     trigger = GpuJobTrigger(backend=backend.spec(), handle=handle.to_dict(), poll_interval=0.3, task_label=label)
-    def stamped(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        event["at"] = time.monotonic()
-        return event
-
-    def polls_while_running(events: list[MutableMapping[str, Any]]) -> int:
-        """Status reads that brought the running job's new output: the trigger copies it to its log with
-        every status it reads (a burst of lines); bursts come a poll interval apart."""
-        reads = [e["at"] for e in list(events) if "[job]" in str(e.get("event")) and "tick" in str(e.get("event"))]
-        return sum(1 for i, at in enumerate(reads) if i == 0 or at - reads[i - 1] > 0.1)
-
-    async def wait_then_kill(events: list[MutableMapping[str, Any]]) -> None:
-        waiting = asyncio.ensure_future(trigger.run().__anext__())
-        deadline = asyncio.get_running_loop().time() + 60
-        # the trigger read the running job three times and fired no event
-        while polls_while_running(events) < 3 and not waiting.done():
-            assert asyncio.get_running_loop().time() < deadline, "the trigger did not read the job 3 times in 60 s"
-            await asyncio.sleep(0.05)
-        assert not waiting.done(), waiting.result()
-        waiting.cancel()
-        await trigger.on_kill()
-
-    with capture_logs(processors=[stamped]) as events:
-        asyncio.run(wait_then_kill(events))
+    kill_once_seen_running(trigger)
     assert world.stopped() == [(handle.job_id, f"{label} was killed while deferred")]
     status = wait_ended(backend, handle)
     assert status.state is JobState.CANCELLED, status

@@ -8,16 +8,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 from gpu_provider.backends.base import JobIdentity
 from tests.harness import Harness, pid_alive, wait_for
+from tests.operators.suite.helpers import pids
 from tests.operators.suite.worlds import OperatorWorld
-
-
-def pids(pid_dir: Path) -> dict[str, int]:
-    """The toy job's pid files: ``<attempt>-<rank>`` -> pid."""
-    return {p.stem: int(p.read_text()) for p in pid_dir.glob("*.pid") if p.read_text().strip()}
 
 
 def test_worker_crash_then_retry_reattaches_without_a_second_create(harness: Harness, world: OperatorWorld) -> None:

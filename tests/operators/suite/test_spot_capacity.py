@@ -45,6 +45,7 @@ def test_spot_reclaimed_while_running_resumes_on_demand_from_its_checkpoint(
         world.preempted_state,
         names.PREEMPTED,
     ), first
+    assert world.preempted_words in first["reason"], first
     assert first["resume_from"] is None
     assert (second["capacity"], second["state"]) == (names.ON_DEMAND, "SUCCEEDED"), second
     assert result["interruptions"] == 1 and result["job_id"] == second["job_id"]

@@ -65,6 +65,8 @@ class OperatorWorld(BackendWorld):
     exit_3_words: ClassVar[str]
     #: the state an attempt ends in when its spot capacity is reclaimed while it runs
     preempted_state: ClassVar[str] = JobState.PREEMPTED.value
+    #: words of the reason such an attempt ends with
+    preempted_words: ClassVar[str]
 
     def dag_id(self, behaviour: str) -> str:
         """A DAG id for one test of this world: its first 14 characters (what job names keep) are unique."""
@@ -145,6 +147,7 @@ class LocalOperatorWorld(OperatorWorld, LocalBackendWorld):
 
     code = "lo"
     exit_3_words = "exited with code 3"
+    preempted_words = "simulated spot interruption"
 
     def __init__(self, tmp_path: Path) -> None:
         super().__init__(tmp_path)
@@ -164,7 +167,8 @@ class LocalOperatorWorld(OperatorWorld, LocalBackendWorld):
 
     def _requests(self) -> list[dict[str, Any]]:
         jobs = self.state_dir / local_common.JOBS_DIR
-        found = [json.loads((d / local_common.REQUEST_FILE).read_text()) for d in jobs.glob("*/")] if jobs.is_dir() else []
+        folders = list(jobs.glob("*/")) if jobs.is_dir() else []
+        found = [json.loads((d / local_common.REQUEST_FILE).read_text()) for d in folders]
         return sorted(found, key=lambda r: float(r["submitted_at"]))
 
     def created(self) -> list[Created]:
@@ -210,6 +214,7 @@ class BatchOperatorWorld(OperatorWorld, _AwsRequests, BatchBackendWorld):
 
     code = "ba"
     exit_3_words = "Essential container in task exited"
+    preempted_words = "Host EC2 (instance i-"
 
     def backend_source(self) -> str:
         return self.batch.backend_source()
@@ -256,6 +261,7 @@ class SageMakerOperatorWorld(OperatorWorld, _AwsRequests, SageMakerBackendWorld)
     code = "sm"
     exit_3_words = "AlgorithmError: , exit code: 3"
     preempted_state = JobState.CANCELLED.value
+    preempted_words = names.RESTART_LIMIT_MARK
 
     def backend_source(self) -> str:
         return self.sagemaker.backend_source()
@@ -303,6 +309,7 @@ class KubernetesOperatorWorld(OperatorWorld, KubernetesBackendWorld):
 
     code = "k8"
     exit_3_words = "exit code 3"
+    preempted_words = "DisruptionTarget"
 
     def backend_source(self) -> str:
         return repr({"name": "kubernetes"})
@@ -334,7 +341,8 @@ class KubernetesOperatorWorld(OperatorWorld, KubernetesBackendWorld):
             if entry["action"] in ("patch pods", "patch jobs") and not entry["throttled"]:
                 annotations = (entry["body"]["body"].get("metadata") or {}).get("annotations") or {}
                 if CANCEL_ANNOTATION in annotations:
-                    reasons[entry["body"]["path"].rsplit("/", 1)[1]] = strip_cancel_prefix(annotations[CANCEL_ANNOTATION])
+                    name = entry["body"]["path"].rsplit("/", 1)[1]
+                    reasons[name] = strip_cancel_prefix(annotations[CANCEL_ANNOTATION])
         stops = []
         for entry in self.emulator.requests():
             if entry["action"] in ("delete pods", "delete jobs") and not entry["throttled"]:
@@ -356,9 +364,8 @@ class KubernetesOperatorWorld(OperatorWorld, KubernetesBackendWorld):
         found = {h.job_id: h for h in self.handles(task)}
         if attempt["job_id"] in found:
             return found[attempt["job_id"]]
-        return JobHandle(
-            "kubernetes", attempt["job_id"], attempt["name"], attempt["attempt"], attempt["capacity"], 0.0, {"kind": "Pod"}
-        )
+        job_id, name = attempt["job_id"], attempt["name"]
+        return JobHandle("kubernetes", job_id, name, attempt["attempt"], attempt["capacity"], 0.0, {"kind": "Pod"})
 
     def release_spot(self) -> None:
         self.emulator.set_shortage(names.SPOT, False)
@@ -371,4 +378,3 @@ OPERATOR_WORLDS: dict[str, type[OperatorWorld]] = {
     "kubernetes": KubernetesOperatorWorld,
     "sagemaker": SageMakerOperatorWorld,
 }
-
