@@ -63,10 +63,16 @@ class OperatorWorld(BackendWorld):
     code: ClassVar[str]
     #: words of the reason the service gives when the job's program exits with code 3
     exit_3_words: ClassVar[str]
-    #: the state an attempt ends in when its spot capacity is reclaimed while it runs
-    preempted_state: ClassVar[str] = JobState.PREEMPTED.value
     #: words of the reason such an attempt ends with
     preempted_words: ClassVar[str]
+
+    @property
+    def preempted_state(self) -> str:
+        """The state an attempt ends in when its spot capacity is reclaimed while it runs: PREEMPTED, or where
+        the service restarts an interrupted job itself (``capabilities.restarts_inside_job``) CANCELLED, as the
+        provider stops it at the restart limit (and counts a preemption)."""
+        restarts = self.backend_class().capabilities.restarts_inside_job
+        return (JobState.CANCELLED if restarts else JobState.PREEMPTED).value
 
     def dag_id(self, behaviour: str) -> str:
         """A DAG id for one test of this world: its first 14 characters (what job names keep) are unique."""
@@ -255,12 +261,10 @@ class BatchOperatorWorld(OperatorWorld, _AwsRequests, BatchBackendWorld):
 
 class SageMakerOperatorWorld(OperatorWorld, _AwsRequests, SageMakerBackendWorld):
     """SageMaker training jobs; a stop is ``StopTrainingJob`` after a tag with the reason; a reclaimed spot
-    job is restarted by SageMaker itself (``capabilities.restarts_inside_job``), and the provider stops it
-    at the restart limit, so the attempt ends CANCELLED and counts as a preemption."""
+    job is restarted by SageMaker itself (``capabilities.restarts_inside_job``) until the restart limit."""
 
     code = "sm"
     exit_3_words = "AlgorithmError: , exit code: 3"
-    preempted_state = JobState.CANCELLED.value
     preempted_words = names.RESTART_LIMIT_MARK
 
     def backend_source(self) -> str:
