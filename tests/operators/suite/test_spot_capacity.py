@@ -88,7 +88,8 @@ def test_spot_capacity_that_never_comes_is_given_up_and_resubmitted_on_demand(
         """,
     )
     run = harness.run(dag, dag_id)
-    releaser.join(timeout=30)
+    releaser.join(timeout=60)
+    assert not releaser.is_alive(), "the spot attempt was never seen given up"
     task = run.task()
     assert task["state"] == "success", run.log[-4000:]
     first, second = task["xcom"]["attempts"]

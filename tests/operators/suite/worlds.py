@@ -130,9 +130,14 @@ class OperatorWorld(BackendWorld):
         """Release the held spot capacity once ``task``'s spot attempt has ended (in a thread): a world that
         holds all of its capacity to hold spot (local) lets the on-demand attempt run then."""
 
+        seen: list[JobHandle] = []
+
         def given_up() -> bool:
             spot = [h for h in self.handles(task) if h.capacity == names.SPOT]
-            return bool(spot) and self.status(spot[0]).state.terminal
+            if not spot:
+                return bool(seen)  # seen, and gone from the lists since (Kubernetes deletes the pod)
+            seen[:] = spot[:1]
+            return self.status(spot[0]).state.terminal
 
         def release() -> None:
             try:
