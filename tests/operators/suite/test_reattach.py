@@ -94,7 +94,9 @@ def test_a_job_submitted_before_the_crash_could_record_it_is_found_by_name(
 ) -> None:
     """The task state store is empty (the crash came first): the retry asks the service by the job's name."""
     dag_id = world.dag_id("lookup")
-    out = harness.tmp / "out"
+    out, release = harness.tmp / "out", harness.tmp / "release"
+    # held after its last step until the retry has reattached: however slow the machine, it is still running
+    command = harness.toy_args(str(out), 5, 0.1, "--hold-until", str(release))
     dag = harness.write_dag(
         dag_id,
         f"""
@@ -102,19 +104,23 @@ def test_a_job_submitted_before_the_crash_could_record_it_is_found_by_name(
             task_id="job",
             backend={world.backend_source()},
             image="trainer:1",
-            command={harness.toy_command(str(out), 60, 0.2)},
+            command={command!r},
             poll_interval=0.3,
             deferrable=False,
         )
         """,
     )
     # submit "attempt 1 of try 1" as the crashed worker would have, with nothing recorded
-    request = world.request("lookup", harness.toy_args(str(out), 60, 0.2), task=world.task_key(dag_id))
+    request = world.request("lookup", command, task=world.task_key(dag_id))
     assert request.identity == JobIdentity(world.task_key(dag_id), try_number=1, attempt=1, capacity="on-demand")
     world.backend().submit(request)
-    run = harness.run(dag, dag_id)
+    retry = harness.start(dag, dag_id)
+    wait_for(lambda: f"Reattaching to {world.name} job" in retry[2].read_text(), 180, "the retry to reattach")
+    release.touch()
+    run = harness.finish(*retry)
     assert run.task()["state"] == "success", run.log[-4000:]
-    # found by name: still running (reattach) or, on a slow machine, already done (its result is taken)
-    assert f"Reattaching to {world.name} job" in run.log or "of an earlier try already succeeded" in run.log
-    assert [c.name for c in world.created()] == [request.identity.name]
+    assert [c.name for c in world.created()] == [request.identity.name], "found by name, not created again"
+    assert run.task()["xcom"]["job_id"] in {request.identity.name} | {
+        h.job_id for h in world.handles(request.identity.task)
+    }
     world.check_found_by_name()
