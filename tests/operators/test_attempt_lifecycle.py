@@ -1,6 +1,6 @@
 """The attempt lifecycle as Airflow users drive it: clearing a finished task, a worker dying, a zombie
-try, a duplicate job, a cancelled job, a deferred task's execution_timeout. Real Airflow (dag.test in
-a child process) or a real try runner, real local jobs and signals."""
+try, a duplicate job, a deferred task's execution_timeout. Real Airflow (dag.test in a child process) or
+a real try runner, real local jobs and signals. (A job cancelled by a person: tests/operators/suite/.)"""
 
 from __future__ import annotations
 
@@ -124,31 +124,6 @@ def test_two_live_attempts_of_one_task_keep_one_and_cancel_the_other(harness: Ha
     assert "Found a second live attempt" in run.log and older.job_id in run.log
     assert _state(backend, older.job_id) is JobState.CANCELLED
     assert run.task()["xcom"]["job_id"] == newer.job_id
-
-
-def test_a_job_cancelled_by_a_person_is_not_retried(harness: Harness) -> None:
-    """Issue 15 defect 6: Airflow's retries used to resubmit a job someone cancelled on purpose."""
-    out = harness.tmp / "out"
-    dag = harness.write_dag(
-        "cancelled",
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend=LocalBackend(state_dir={str(harness.state_dir)!r}, grace_period=0.5),
-            command={harness.toy_command(str(out), 600, 0.1)},
-            retries=2,
-            retry_delay=timedelta(seconds=0),
-            poll_interval=0.2,
-        )
-        """,
-    )
-    worker, _, _ = harness.start(dag, "cancelled")
-    backend = LocalBackend(state_dir=str(harness.state_dir), grace_period=0.5)
-    handle = wait_for(lambda: backend.list_jobs(), 120, "the job to be submitted")[0]
-    wait_for(lambda: _state(backend, handle.job_id) is JobState.RUNNING, 120, "the job to run")
-    backend.cancel(handle, "stopped by a person from the console")
-    worker.wait(timeout=120)
-    assert len(backend.list_jobs()) == 1, "no retry may submit a second job"
 
 
 def test_a_deferred_task_is_stopped_by_its_execution_timeout(harness: Harness) -> None:

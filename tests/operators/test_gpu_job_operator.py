@@ -1,63 +1,23 @@
-"""GpuJobOperator end to end: real Airflow (dag.test in a child process), real local jobs."""
+"""GpuJobOperator end to end on the local backend: real Airflow (dag.test in a child process), real local
+jobs. What every backend does (spot fallback, crash and reattach, kill, ...) is tested once for all
+backends in tests/operators/suite/."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 from gpu_provider import GpuResources
 from gpu_provider.operators import GpuJobOperator
-from tests.harness import Harness, pid_alive, wait_for
+from tests.harness import Harness, pid_alive
 
 
 def _pids(pid_dir: Path) -> dict[str, int]:
     return {p.stem: int(p.read_text()) for p in pid_dir.glob("*.pid") if p.read_text().strip()}
-
-
-@pytest.mark.parametrize("deferrable", [False, True], ids=["sync", "deferrable"])
-def test_spot_fallback_resumes_on_demand_after_a_preemption(harness: Harness, deferrable: bool) -> None:
-    dag_id = f"fallback_{'def' if deferrable else 'sync'}"
-    out, ckpt = harness.tmp / "out", harness.tmp / "ckpt"
-    dag = harness.write_dag(
-        dag_id,
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend=LocalBackend(state_dir={str(harness.state_dir)!r}, simulate_preemptions=[1.0], grace_period=2),
-            command={harness.toy_command(str(out), 12, 0.15)},
-            capacity=SpotFallback(after_preemptions=1, backoff=0),
-            checkpoint="file://{ckpt}",
-            deferrable={deferrable},
-            poll_interval=0.3,
-        )
-        """,
-    )
-    run = harness.run(dag, dag_id)
-    task = run.task()
-    assert task["state"] == "success", run.log[-3000:]
-    result = task["xcom"]
-    first, second = result["attempts"]
-    assert (first["capacity"], first["state"]) == ("spot", "PREEMPTED")
-    assert "simulated spot interruption" in first["reason"]
-    assert first["resume_from"] is None
-    assert (second["capacity"], second["state"]) == ("on-demand", "SUCCEEDED")
-    assert "ckpt-" in second["resume_from"]
-    assert result["interruptions"] == 1
-    assert result["job_id"] == second["job_id"]
-    assert result["gpu_seconds"] > 0
-    assert result["output_uri"] == f"file://{out}"
-    assert "Treated as a spot interruption; resubmitting on on-demand (attempt 2" in run.log
-    history = json.loads((out / "result.json").read_text())["history"]
-    resumed_step = int(second["resume_from"].rsplit("ckpt-", 1)[1])
-    assert history[1] == {"attempt": 2, "capacity": "on-demand", "start": resumed_step}
-    assert resumed_step > 0, "the second attempt must continue from the checkpoint, not from step 0"
 
 
 def test_exact_resume_two_interruptions_give_the_bit_identical_model(harness: Harness) -> None:
@@ -140,69 +100,6 @@ def test_exact_resume_two_interruptions_give_the_bit_identical_model(harness: Ha
         for name in pa.files:
             assert np.array_equal(pa[name], pb[name]), name
     assert a == b
-
-
-def test_worker_sigkill_then_retry_reattaches_to_the_same_job(harness: Harness) -> None:
-    out, pid_dir, release = harness.tmp / "out", harness.tmp / "pids", harness.tmp / "release"
-    dag = harness.write_dag(
-        "crash",
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend=LocalBackend(state_dir={str(harness.state_dir)!r}),
-            command={harness.toy_command(str(out), 20, 0.15, "--hold-until", str(release))},
-            env={{"PID_DIR": {str(pid_dir)!r}}},
-            checkpoint="file://{harness.tmp / "ckpt"}",
-            poll_interval=0.3,
-            deferrable=False,
-        )
-        """,
-    )
-    worker, _, _ = harness.start(dag, "crash")
-    job_pid = wait_for(lambda: _pids(pid_dir).get("1-0"), 120, "the job to start")
-    os.killpg(worker.pid, signal.SIGKILL)  # the worker dies; the job must not
-    worker.wait(timeout=10)
-    assert pid_alive(job_pid), "the job must survive its worker"
-
-    # the retry; the job is held after its last step until the retry has reattached, so a slow start
-    # of the retry cannot find it already ended
-    retry = harness.start(dag, "crash")
-    wait_for(lambda: "Reattaching to local job" in retry[2].read_text(), 180, "the retry to reattach")
-    release.touch()
-    run = harness.finish(*retry)
-    task = run.task()
-    assert task["state"] == "success", run.log[-3000:]
-    # (dag.test() re-runs a cleared running task under the same try number; a scheduler would bump it)
-    assert "Reattaching to local job" in run.log
-    assert len(task["xcom"]["attempts"]) == 1, "exactly one job ran"
-    assert set(_pids(pid_dir)) == {"1-0"}, "no second job was started"
-    history = json.loads((out / "result.json").read_text())["history"]
-    assert history == [{"attempt": 1, "capacity": "on-demand", "start": 0}]
-
-
-def test_killing_a_running_task_cancels_its_job(harness: Harness) -> None:
-    out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
-    dag = harness.write_dag(
-        "kill_sync",
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend=LocalBackend(state_dir={str(harness.state_dir)!r}, grace_period=1),
-            command={harness.toy_command(str(out), 300, 0.2)},
-            resources=GpuResources(gpus=1, nodes=2),
-            env={{"PID_DIR": {str(pid_dir)!r}}},
-            poll_interval=0.5,
-            deferrable=False,
-        )
-        """,
-    )
-    worker, _, log = harness.start(dag, "kill_sync")
-    pids = wait_for(lambda: (p := _pids(pid_dir)) and len(p) == 2 and p, 120, "both nodes to start")
-    worker.send_signal(signal.SIGTERM)  # what Airflow sends a task it kills
-    # one poll interval plus the job's grace period
-    wait_for(lambda: not any(pid_alive(p) for p in pids.values()), 0.5 + 1 + 3, "the job processes to exit")
-    worker.wait(timeout=30)
-    assert "Cancelled local job" in log.read_text()
 
 
 def test_failed_attempt_goes_to_airflow_retry_which_resumes(harness: Harness) -> None:
@@ -329,69 +226,6 @@ def test_max_runtime_is_enforced_on_the_job_itself(harness: Harness) -> None:
     assert run.task()["state"] == "failed"
     assert "exceeded max_runtime" in run.log
     assert not any(pid_alive(pid) for pid in _pids(pid_dir).values())
-
-
-def test_spot_attempt_that_waits_too_long_is_cancelled_and_resubmitted_on_demand(harness: Harness) -> None:
-    """One (fake) GPU is busy: the spot attempt stays queued past spot_wait_timeout and is given up."""
-    fake_smi = harness.tmp / "nvidia-smi"
-    fake_smi.write_text("#!/bin/sh\necho 0\n")
-    fake_smi.chmod(0o755)
-    backend = f"LocalBackend(state_dir={str(harness.state_dir)!r}, nvidia_smi={str(fake_smi)!r}, grace_period=0.5)"
-    from gpu_provider.backends.base import JobIdentity, JobRequest, TaskKey
-    from gpu_provider.backends.local import LocalBackend
-
-    be = LocalBackend(state_dir=str(harness.state_dir), nvidia_smi=str(fake_smi), grace_period=0.5)
-    release = harness.tmp / "release-gpu"
-    hog = be.submit(
-        JobRequest(
-            identity=JobIdentity(TaskKey("other", "hog", "r"), try_number=1, attempt=1, capacity="on-demand"),
-            # holds the only GPU until the test releases it
-            command=(
-                sys.executable,
-                "-c",
-                f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)",
-            ),
-            env={},
-            resources=GpuResources(gpus=1),
-            capacity="on-demand",
-        )
-    )
-    wait_for(lambda: be.poll([hog])[hog.job_id].state.value == "RUNNING", 30, "the GPU hog to start")
-    out = harness.tmp / "out"
-    dag = harness.write_dag(
-        "spot_wait",
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend={backend},
-            command={harness.toy_command(str(out), 2, 0.05)},
-            capacity=SpotFallback(spot_wait_timeout=1.0, backoff=0),
-            checkpoint="file://{harness.tmp / "ckpt"}",
-            poll_interval=0.3,
-            deferrable=True,
-        )
-        """,
-    )
-
-    def release_gpu_once_spot_is_given_up() -> None:
-        def spot_cancelled() -> bool:
-            spot = [h for h in be.list_jobs() if h.capacity == "spot"]
-            return bool(spot) and be.poll(spot)[spot[0].job_id].state.value == "CANCELLED"
-
-        wait_for(spot_cancelled, 120, "the spot attempt to be given up")
-        release.touch()
-
-    releaser = threading.Thread(target=release_gpu_once_spot_is_given_up, daemon=True)
-    releaser.start()
-    run = harness.run(dag, "spot_wait")
-    release.touch()
-    task = run.task()
-    assert task["state"] == "success", run.log[-3000:]
-    first, second = task["xcom"]["attempts"]
-    assert (first["capacity"], first["state"], first["interruption"]) == ("spot", "CANCELLED", "capacity_timeout")
-    assert "no spot capacity after 1s waiting" in first["reason"]
-    assert (second["capacity"], second["state"]) == ("on-demand", "SUCCEEDED")
-    assert "Spot capacity did not come; resubmitting on on-demand" in run.log
 
 
 def test_mapped_tasks_get_their_own_jobs_and_the_task_copies_cleanly(harness: Harness) -> None:
