@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gpu_provider import names
-from gpu_provider.backends import _local_common as local_common
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
 from gpu_provider.backends.kubernetes.mapping import CANCEL_ANNOTATION
+from gpu_provider.backends.local import common as local_common
 from gpu_provider.backends.sagemaker.backend import TAG_STOP_REASON, decode_tag_text
 from gpu_provider.testing.worlds import CHECKPOINT_BUCKET
 from tests.backends.contract.worlds import (
