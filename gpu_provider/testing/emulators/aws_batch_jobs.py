@@ -381,6 +381,9 @@ class JobRunner:
         base = self._base_env()
         cwd = self.job_cwd or Path.cwd()
         order = [run.main] + [n for n in nodes if n.index != run.main_index]  # Batch starts the main node first
+        # the containers' start, taken before they run: a job that ends at once (its end is recorded by another
+        # thread) must not end before it started, as it did on a loaded machine (no GPU time)
+        started_at = datetime.now()
         try:
             for node in order:
                 node.proc = subprocess.Popen(
@@ -403,8 +406,8 @@ class JobRunner:
             for node in nodes:
                 kill_group(node.proc, signal.SIGKILL)
             raise
+        job.job_started_at = started_at
         run.started = True
-        job.job_started_at = datetime.now()
         job.log_stream_name = run.main.stream
         clusters = [env.ecs_name for env in job.job_queue.environments] or ["batch"]
         ecs = f"arn:aws:ecs:{job.backend.region_name}:{job.backend.account_id}"
