@@ -297,7 +297,7 @@ def airflow(tmp_path_factory: pytest.TempPathFactory, batch_emulator: BatchWorld
     af = Airflow(url=f"http://127.0.0.1:{port}", env=env, pids=pids, group=proc.pid)
     try:
         wait_for(lambda: "Airflow is ready" in (root / "standalone.log").read_text(), 180, "airflow standalone")
-        wait_for(lambda: _answers(f"{af.url}/api/v2/monitor/health"), 120, "the API server")
+        wait_for(lambda: _answers(f"{af.url}/api/v2/monitor/health"), 240, "the API server")
         yield af
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -252,3 +252,20 @@ def test_latest_naming_a_missing_checkpoint_says_which(uri: str, root: Path, cap
     with caplog.at_level(logging.WARNING, logger="gpu_provider"):
         assert latest_checkpoint(uri) == f"{uri}/ckpt-0000000004"
     assert "ckpt-0000000042, which does not exist" in caplog.text
+
+
+def test_the_checkpoint_an_attempt_resumed_from_is_never_pruned_under_it(
+    uri: str, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that starts late (a slow host, a pod scheduled after rank 0) restores from GPU_PROVIDER_RESUME_FROM
+    after rank 0 has saved newer checkpoints: pruning must not take it away (a multi-node node-fault run failed
+    that way under load)."""
+    for step in (1, 2):
+        save_checkpoint_files(uri, step, {"m": str(step).encode()}, keep=2)
+    monkeypatch.setenv("GPU_PROVIDER_RESUME_FROM", f"{uri}/ckpt-0000000002")
+    for step in range(3, 7):
+        save_checkpoint_files(uri, step, {"m": str(step).encode()}, keep=2)
+    assert _folders(root) == ["ckpt-0000000002", "ckpt-0000000005", "ckpt-0000000006"]
+    monkeypatch.delenv("GPU_PROVIDER_RESUME_FROM")
+    save_checkpoint_files(uri, 7, {"m": b"7"}, keep=2)  # the next attempt resumed elsewhere: pruned as usual
+    assert _folders(root) == ["ckpt-0000000006", "ckpt-0000000007"]

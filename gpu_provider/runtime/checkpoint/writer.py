@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any
 
+from gpu_provider.names import ENV_RESUME_FROM
 from gpu_provider.runtime.checkpoint.layout import (
     KEEP_FROM_ENV,
     _join,
@@ -86,13 +88,21 @@ class CheckpointWriter(AbstractContextManager[Path]):
         # The checkpoint is safe at this point: a failure to delete old ones is logged, not raised.
         try:
             complete = storage.complete()
-            kept = set(complete[-keep:]) | {self.name}
+            kept = set(complete[-keep:]) | {self.name, _resumed_from()}
             for name in complete:
                 if name not in kept:
                     storage.delete(name)
                     log.info("removed old checkpoint %s", _join(self.uri, name))
         except Exception:
             log.warning("could not prune old checkpoints under %s", self.uri, exc_info=True)
+
+
+def _resumed_from() -> str:
+    """The name of the checkpoint this attempt resumed from (``GPU_PROVIDER_RESUME_FROM``): never pruned while the
+    attempt runs, since a node that starts late (a slow host, a pod scheduled minutes after rank 0) still restores
+    from it after rank 0 has written newer ones."""
+    hint = os.environ.get(ENV_RESUME_FROM, "").rstrip("/")
+    return hint.rsplit("/", 1)[-1] if hint else ""
 
 
 def save_checkpoint(
