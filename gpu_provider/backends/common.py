@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 END_OF_LOG_ENTRY = (
     "trap 'kill -TERM $p' TERM;trap 'kill -INT $p' INT;"
     '"$@"& p=$!;wait $p;r=$?;while kill -0 $p;do wait $p;r=$?;done 2>/dev/null;'
+    # a wait cut short by a forwarded signal says 128+N; if the command then ended before the loop looked, the
+    # shell holds its real status: ask once more (127: nothing left to ask for, the status above stands)
+    "wait $p;q=$?;[ $q = 127 ]||r=$q;"
     f'echo "{names.END_OF_LOG} node=${{NODE_RANK:-0}} nnodes=${{NNODES:-1}} exit=$r";exit $r'
 )
 #: the words in front of a command that run it through :data:`END_OF_LOG_ENTRY`
