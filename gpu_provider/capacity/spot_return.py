@@ -272,6 +272,8 @@ class SpotReturnWatch:
             return None
         blocked = self._blocked()
         if blocked:
+            if log is not None and blocked.split(" (")[0] != self.why_not.split(" (")[0]:
+                log.info("Spot return: no reading now: %s.", blocked)
             self.why_not = blocked
             return None
         self.readings += 1
