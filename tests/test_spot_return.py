@@ -250,3 +250,19 @@ def test_a_reading_that_fails_never_moves(ec2_spot: Ec2SpotEmulator, monkeypatch
     assert watch.check(JobStatus(state=JobState.RUNNING, started_at=time.time())) is not None
     # a queued or ended attempt is not read for at all
     assert watch.check(JobStatus(state=JobState.QUEUED)) is None and watch.why_not == "the attempt is not running"
+
+
+def test_the_trigger_carries_what_the_wait_watches_through_a_round_trip() -> None:
+    from gpu_provider.triggers.gpu_job import GpuJobTrigger
+
+    running = _record(2, names.ON_DEMAND, JobState.RUNNING)
+    watch = SpotReturn(check_every=30).watch_for(running, [running], ("p4d.24xlarge",))
+    trigger = GpuJobTrigger(backend={"name": "local"}, handle=running.handle.to_dict(), spot_return=watch)
+    path, kwargs = trigger.serialize()
+    assert path == "gpu_provider.triggers.gpu_job.GpuJobTrigger"
+    again = GpuJobTrigger(**kwargs)
+    assert again.serialize() == (path, kwargs) and again.spot_return == watch
+    assert SpotReturnWatch(again.spot_return).policy == SpotReturn(check_every=30)  # type: ignore[arg-type]
+    # a trigger of an older version, without it, reads no spot capacity
+    kwargs.pop("spot_return")
+    assert GpuJobTrigger(**kwargs).spot_return is None
