@@ -49,6 +49,8 @@ class Submit:
     capacity: str
     delay: float = 0.0
     instance_type: str | None = None
+    rung: int | None = None
+    """Under a capacity ladder: the rung (backend, options, overrides) the attempt runs on; ``None``: the task's."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ def _run_cost(run: Sequence[AttemptRecord]) -> float | None:
 
 
 def describe(backend_name: str, record: AttemptRecord) -> str:
+    # the attempt's own backend (a ladder's rung on another service), else the task's
+    backend_name = record.handle.backend or backend_name
     return f"{backend_name} job {record.name} (id {record.job_id}, attempt {record.attempt}, {record.capacity})"
 
 
@@ -177,6 +181,8 @@ class AttemptEngine:
         for restarts in range(1, budget + 2):
             seen = prior + [Interruption(attempt=record.attempt, capacity=record.capacity, kind=PREEMPTED)] * restarts
             if len(seen) > budget or self.policy.capacity_after(seen) != record.capacity:
+                return restarts
+            if record.rung is not None and self.policy.rung_after(seen).rung != record.rung:  # a ladder moves on
                 return restarts
         return None
 
@@ -333,7 +339,9 @@ class AttemptEngine:
         rung = self.policy.rung_after(self.interruptions(), self.instance_types)
         folded = (self.summary.last_attempt or 0) if self.summary else 0
         attempt = max((r.attempt for r in self.records), default=folded) + 1
-        return Submit(attempt=attempt, capacity=rung.capacity, delay=delay, instance_type=rung.instance_type)
+        return Submit(
+            attempt=attempt, capacity=rung.capacity, delay=delay, instance_type=rung.instance_type, rung=rung.rung
+        )
 
     def capacity_wait(self, record: AttemptRecord) -> float | None:
         """How long ``record``'s attempt may wait for capacity (the policy's, per capacity and instance type)."""
@@ -357,7 +365,9 @@ class AttemptEngine:
         start = max((i for i, r in enumerate(self.records[:end]) if r.collected), default=-1) + 1
         run = self.records[start : end + 1]
         return {
-            "backend": self.backend_name,
+            "backend": record.handle.backend or self.backend_name,
+            # every backend the run's attempts ran on, in order (several under a capacity ladder)
+            "backends": list(dict.fromkeys(r.handle.backend or self.backend_name for r in run)),
             "job_id": record.job_id,
             "job_name": record.name,
             "state": record.state.value,

@@ -25,7 +25,7 @@ from gpu_provider.backends.base import (
     check_backend_name,
     resolve_backend,
 )
-from gpu_provider.capacity import CapacityPolicy, resolve_capacity, validate_instance_fallback
+from gpu_provider.capacity import CapacityPolicy, Ladder, resolve_capacity, validate_instance_fallback
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
@@ -149,6 +149,14 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self.command = command if is_templated(command) else validate_command(command)
         self.env = env if env is None or any_templated(env) else validate_env(env)
         self.image = image
+        ladder = capacity if isinstance(capacity, Ladder) else None
+        if ladder is not None:
+            if backend is not None:
+                raise ValueError(
+                    f"backend={backend!r} with capacity=Ladder(...): a ladder names the backend of each of its rungs "
+                    "(LadderRung('batch', 'spot', ...)); leave backend= out"
+                )
+            backend = ladder.rungs[0].backend_spec()  # the task's backend: the first rung's
         if backend is None:
             from airflow.configuration import conf
 
@@ -173,7 +181,11 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
 
         # parse-time checks of what is already known
         check_fixed_options(backend)
-        if not any_templated(backend):
+        if ladder is not None:  # every rung with its own backend's checks; one checkpoint all of them can read
+            self._validate_rungs(ladder, image or None, image_known=not is_templated(image))
+            if self.checkpoint_uri and not is_templated(self.checkpoint_uri):
+                ladder.check_checkpoint(self.checkpoint_uri)
+        elif not any_templated(backend):
             known = resolve_backend(backend)
             self._validate_for(known, self._runtime_limit(self.max_runtime_s))
             if not is_templated(image):
@@ -222,11 +234,18 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self._run_id = str(ti.run_id)
         self._try_number = int(ti.try_number)
         max_runtime_s = self._runtime_limit(self.max_runtime_s)
-        self._validate_for(backend, max_runtime_s)
         image = self.image or None
-        backend.validate_image(image)
+        rungs: tuple[Backend, ...] = ()
         checkpoint_uri = validate_checkpoint_uri(self.checkpoint_uri) if self.checkpoint_uri else None
+        if isinstance(self.capacity, Ladder):
+            rungs = tuple(self._validate_rungs(self.capacity, image))
+            rungs = (backend, *rungs[1:])  # rung 0 is the task's backend: one object
+            self.capacity.check_checkpoint(checkpoint_uri)
+        else:
+            self._validate_for(backend, max_runtime_s)
+            backend.validate_image(image)
         return Plan(
+            rungs=rungs,
             backend=backend,
             command=validate_command(self.command),
             env=validate_env(self.env),
@@ -262,6 +281,16 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             max_runtime_s=max_runtime_s,
         )
 
+    def _validate_rungs(self, ladder: Ladder, image: str | None, *, image_known: bool = True) -> list[Backend]:
+        """Check every rung of a capacity ladder with its own backend (resources, capacity, image, runtime)."""
+        return ladder.validate_rungs(
+            self.gpu_resources,
+            image=image,
+            image_known=image_known,
+            priority=self.job_priority,
+            max_runtime_s=self._runtime_limit(self.max_runtime_s),
+        )
+
     def _runtime_limit(self, max_runtime_s: float | None) -> float | None:
         """The shorter of ``max_runtime`` and ``execution_timeout``: the backend enforces it on the job."""
         timeout = self.execution_timeout
@@ -279,7 +308,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
         stored, summary = stored_records(context, self.log)
-        found = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+        found = recover(plan.backend, self._task_key(context), stored, self.log, summary, others=plan.rungs)
         runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
         step = runner.engine.resume()
@@ -290,8 +319,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 step.record.state.value,
             )
             self._handle = step.record.handle
+            self._backend = runner.backend_for(step.record)
             runner.take_over(step.record)
-            self._publish_link(context, plan.backend, step.record.handle)
+            self._publish_link(context, self._backend, step.record.handle)
         elif isinstance(step, Succeed):
             self.log.info("Job %s of an earlier try already succeeded; returning its result.", step.record.job_id)
         return self._run(context, plan, runner, step, self._deadline(context))
@@ -317,14 +347,15 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if record is None:  # the store lost it: the event's handle is the truth
             record = AttemptRecord.new(handle, try_number=plan.try_number)
             runner.engine.records.append(record)
+        backend = self._backend = runner.backend_for(record)  # the attempt's own (a ladder's rung), else the task's
         if event["status"] == names.EVENT_POLL_ERROR:
             why = str(event.get("message") or "could not read the job status")
             return self._run(context, plan, runner, runner.gave_up_reading(record, why, retry=plan.retry), deadline)
         status = JobStatus.from_dict(event["job_status"])
         self._publish_log_link(context, status.log_url)
         outcome = outcome_of(event)
-        if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
-            LogForwarder(plan.backend, handle, self.log).settle()
+        if outcome == ENDED and not backend.stream_logs_when_deferred:
+            LogForwarder(backend, handle, self.log).settle()
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
 
     def _resumed_runner(self, context: Context, plan: Plan, records: list[dict[str, Any]] | None) -> AttemptRunner:
@@ -333,7 +364,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         loaded, summary = load_records(records), load_summary(records)
         if not loaded:
             stored, summary = stored_records(context, self.log)
-            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary, others=plan.rungs)
         return self._runner(context, plan, loaded, summary)
 
     def _runner(
@@ -374,7 +405,10 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             execution_timeout=self.execution_timeout,
             cost_limit=lambda record: spend.cost_limit(record, engine.records),
             max_records=configured_max_attempt_records(),
+            rungs=plan.rungs,
         )
+        if plan.rungs:  # a capacity ladder: each attempt priced on its own rung's service and region
+            spend.rung_of = lambda record: self._rung_place(runner, record)
         return runner
 
     def _run(self, context: Context, plan: Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
@@ -403,6 +437,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 engine.before_submit(step)
                 step = Wait(self._submit(context, plan, runner, step))
                 continue
+            self._handle, self._backend = step.record.handle, runner.backend_for(step.record)  # on_kill stops this one
             if self.deferrable:
                 self._defer(plan, runner, step.record, deadline)
             try:
@@ -472,12 +507,14 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
 
     def _submit(self, context: Context, plan: Plan, runner: AttemptRunner, step: Submit) -> AttemptRecord:
-        resume_from = latest_checkpoint(plan.backend, plan.checkpoint_uri)
+        backend = runner.backend_for_rung(step.rung)  # a capacity ladder's rung, else the task's backend
+        resume_from = latest_checkpoint(backend, plan.checkpoint_uri)
         request = attempt_request(self, self._task_key(context), plan, runner, step, resume_from)
-        handle = self._handle = plan.backend.submit(request)
+        handle = self._handle = backend.submit(request)
+        self._backend = backend
         self.log.info(
             "Submitted %s job %s (attempt %d, %s capacity, %s GPU(s) x %d node(s)), %s; env keys: %s",
-            plan.backend.name,
+            backend.name if step.rung is None else f"{backend.name} (ladder rung {step.rung})",
             handle.job_id,
             step.attempt,
             f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity,
@@ -490,10 +527,22 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if record is None:
             record = AttemptRecord.new(handle, resume_from=resume_from, try_number=plan.try_number)
             record.instance_choice = record.instance_type = step.instance_type
+            if step.rung is not None:  # where the attempt runs, so that every later step reads and stops it there
+                record.rung, record.backend_spec, record.service = step.rung, backend.spec(), backend.service or None
             runner.engine.records.append(record)
         runner.persist()
-        self._publish_link(context, plan.backend, handle)
+        self._publish_link(context, backend, handle)
         return record
+
+    def _rung_place(self, runner: AttemptRunner, record: AttemptRecord) -> tuple[Backend, Any] | None:
+        """The backend and resources ``record``'s attempt is priced with: its ladder rung's (``None``: the task's)."""
+        if record.rung is None and not record.backend_spec:
+            return None
+        resources = self.gpu_resources
+        rung = self.capacity.rung(record.rung) if isinstance(self.capacity, Ladder) else None
+        if rung is not None and rung.instance_types is not None:
+            resources = dataclasses.replace(resources, instance_types=rung.instance_types)
+        return runner.backend_for(record), resources
 
     def _task_key(self, context: Context) -> TaskKey:
         ti = context["ti"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +187,10 @@ class SpendControl:
         except Exception:  # no region configured anywhere: priced in the default region, and said so
             self._region = None
         self._warned: set[str] = set()
+        #: a capacity ladder's rungs: the backend and resources an attempt is priced with, ``None`` for the
+        #: task's own (set by the operator; every attempt is priced on the service and region it ran in)
+        self.rung_of: Callable[[AttemptRecord], tuple[Backend, GpuResources] | None] = lambda record: None
+        self._rung_regions: dict[str, str | None] = {}
 
     @classmethod
     def from_config(
@@ -214,6 +218,32 @@ class SpendControl:
     def _price_or_none(self, capacity: str, instance_type: str | None = None) -> Price | None:
         try:
             return self.price(capacity, instance_type)
+        except PriceNotFoundError as err:
+            if str(err) not in self._warned:
+                self._warned.add(str(err))
+                self.log.warning("No cost estimate: %s", err)
+            return None
+
+    def attempt_price(self, record: AttemptRecord) -> Price | None:
+        """The price of ``record``'s attempt: on its own rung's backend and region under a capacity ladder."""
+        place = self.rung_of(record)
+        if place is None:
+            return self._price_or_none(record.capacity, record.instance_type)
+        backend, resources = place
+        key = repr(sorted(backend.spec().items()))
+        if key not in self._rung_regions:
+            try:
+                self._rung_regions[key] = backend.price_region()
+            except Exception:  # no region configured: the default region's price, as for the task's backend
+                self._rung_regions[key] = None
+        try:
+            return self.book.job_price(
+                resources,
+                record.capacity,
+                self._rung_regions[key],
+                backend.price_catalog,
+                instance_type=record.instance_type,
+            )
         except PriceNotFoundError as err:
             if str(err) not in self._warned:
                 self._warned.add(str(err))
@@ -320,7 +350,7 @@ class SpendControl:
     def on_status(self, record: AttemptRecord, status: JobStatus) -> None:
         """Price the attempt from its latest sample; when it has ended, report it once."""
         record.nodes = self.resources.nodes
-        price = self._price_or_none(record.capacity, record.instance_type)
+        price = self.attempt_price(record)
         if price is not None:
             record.price = price.to_dict()
             record.cost_usd = round(
@@ -342,11 +372,12 @@ class SpendControl:
 
     def report(self, record: AttemptRecord) -> None:
         """The attempt's cost line in the task log, its metrics, and the team's month."""
-        self.log.info("%s", cost_line(self.backend.name, record))
+        backend_name = record.handle.backend or self.backend.name  # the attempt's own (a ladder's rung)
+        self.log.info("%s", cost_line(backend_name, record))
         if self.emit_metrics:
             from gpu_provider.spend.metrics import emit_attempt
 
-            emit_attempt(record, team=self.team, backend=self.backend.name)
+            emit_attempt(record, team=self.team, backend=backend_name)
         if self.ledger is not None and self.team and record.cost_usd:
             try:
                 self.ledger.add(self.team, record.cost_usd)
