@@ -274,3 +274,59 @@ def test_on_kill_mid_ladder_stops_the_attempt_on_its_own_service(harness: Harnes
     assert gpu_aws.sagemaker.bodies("StopTrainingJob") == [{"TrainingJobName": name}]
     wait_for(lambda: gpu_aws.sagemaker.describe(name)["TrainingJobStatus"] == "Stopped", 60, "the job stopped")
     assert gpu_aws.batch.bodies("TerminateJob") == []  # the Batch attempt had ended: nothing was sent there
+
+
+def test_a_rung_in_another_region_submits_watches_and_stops_through_its_own_connection(
+    harness: Harness, gpu_aws: AwsWorld
+) -> None:
+    """Managed spot in the default region, then on-demand in us-west-2 through the ``aws_west`` connection (its
+    own credentials, told apart by the emulator): every call about the second attempt goes through that
+    connection, every call about the first through ``aws_default``."""
+    sagemaker = gpu_aws.sagemaker
+    west = {
+        "conn_type": "aws",
+        "login": "WESTKEY",
+        "password": "west-secret",
+        "extra": {"endpoint_url": sagemaker.emulator.endpoint_url, "region_name": "us-west-2"},
+    }
+    dag_id = "ladder_region"
+    prefix = f"ladder-region/{uuid.uuid4().hex[:8]}"
+    out = harness.tmp / "out"
+    sagemaker.emulator.interrupt_after(1.0, name_contains="ladder-region", checkpointed=True)
+    dag = harness.write_dag(
+        dag_id,
+        f"""
+        from gpu_provider import Ladder, LadderRung
+        GpuJobOperator(
+            task_id="job",
+            image="trainer:1",
+            command={harness.toy_command(str(out), 30, 0.1)},
+            capacity=Ladder(
+                LadderRung("sagemaker", "spot"),
+                LadderRung("sagemaker", "on_demand", aws_conn_id="aws_west", region_name="us-west-2"),
+                backoff=0,
+            ),
+            checkpoint="s3://{gpu_aws.checkpoint_bucket}/{prefix}",
+            deferrable=False,
+            poll_interval=0.3,
+        )
+        """,
+    )
+    run = harness.run(dag, dag_id, extra_env={**gpu_aws.env(), "AIRFLOW_CONN_AWS_WEST": json.dumps(west)}, timeout=240)
+    task = run.task()
+    assert task["state"] == "success", run.log[-6000:]
+    first, second = task["xcom"]["attempts"]
+    assert (first["region"], first["capacity"], first["interruption"]) == (None, "spot", "preempted"), first
+    assert (second["region"], second["capacity"], second["state"]) == ("us-west-2", "on-demand", "SUCCEEDED")
+    assert _step_of(second["resume_from"]) > 0  # the one checkpoint, read in the other region
+
+    def signers(action: str, name: str) -> set[str]:
+        return {
+            r["client"]
+            for r in sagemaker.emulator.requests(action)
+            if not r["throttled"] and r["body"].get("TrainingJobName") == name
+        }
+
+    assert signers("CreateTrainingJob", second["name"]) == {"WESTKEY"}
+    assert signers("DescribeTrainingJob", second["name"]) == {"WESTKEY"}
+    assert signers("CreateTrainingJob", first["name"]) == signers("StopTrainingJob", first["name"]) == {"testing"}
