@@ -60,13 +60,18 @@ def _reference_model(data: Path, tmp: Path) -> Path:
 
 
 def _latest_step(aws: AwsWorld, prefix: str) -> int:
-    """The step of the checkpoint ``LATEST`` names under ``s3://<checkpoint bucket>/<prefix>`` (-1: none yet)."""
+    """The step of the checkpoint a ``LATEST`` under ``s3://<checkpoint bucket>/<prefix>`` names (the newest of
+    them, if a run's folder below the prefix holds it); -1: none yet."""
     s3 = aws.sagemaker.emulator.client("s3")
+    steps = [-1]
     try:
-        body = s3.get_object(Bucket=aws.checkpoint_bucket, Key=f"{prefix}/LATEST")["Body"].read().decode()
-    except Exception:
+        listed = s3.list_objects_v2(Bucket=aws.checkpoint_bucket, Prefix=f"{prefix}/").get("Contents", [])
+        for key in [o["Key"] for o in listed if o["Key"].endswith("/LATEST")]:
+            body = s3.get_object(Bucket=aws.checkpoint_bucket, Key=key)["Body"].read().decode()
+            steps.append(int(body.strip().rstrip("/").rsplit("-", 1)[-1]))
+    except Exception:  # not there yet
         return -1
-    return int(body.strip().rstrip("/").rsplit("-", 1)[-1])
+    return max(steps)
 
 
 def _step_of(uri: str | None) -> int:
