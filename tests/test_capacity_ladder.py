@@ -112,3 +112,31 @@ def test_one_checkpoint_for_every_rung_a_local_path_with_a_remote_rung_is_refuse
     with pytest.raises(ValueError, match=r"capacity.rungs\[0\] \(batch, spot\).*give an s3:// URI"):
         ladder.check_checkpoint("file:///tmp/ckpt")
     Ladder(LadderRung("local", "spot"), LadderRung("local", "on_demand")).check_checkpoint("file:///tmp/ckpt")
+
+
+def _operator(**kwargs: Any) -> Any:
+    from gpu_provider.operators import GpuJobOperator
+
+    args: dict[str, Any] = {
+        "task_id": "train",
+        "command": ["python", "train.py"],
+        "image": "trainer:1",
+        "capacity": _ladder(),
+        "checkpoint": "s3://ckpt/train",
+    }
+    return GpuJobOperator(**{**args, **kwargs})
+
+
+def test_the_operator_checks_a_ladder_when_the_dag_is_parsed() -> None:
+    op = _operator()
+    assert op.backend == {**BATCH} and isinstance(op.capacity, Ladder)  # the task's backend: the first rung's
+    with pytest.raises(ValueError, match=r"backend='sagemaker' with capacity=Ladder\(...\).*leave backend= out"):
+        _operator(backend="sagemaker")
+    with pytest.raises(ValueError, match=r"checkpoint='file:///tmp/ckpt' with capacity.rungs\[0\] \(batch, spot\)"):
+        _operator(checkpoint="file:///tmp/ckpt")
+    with pytest.raises(ValueError, match=r"capacity.rungs\[0\] \(batch, spot\): resources.nodes=2 with spot"):
+        _operator(resources=GpuResources(gpus=8, nodes=2))
+    with pytest.raises(ValueError, match=r"capacity.rungs\[1\] \(sagemaker, spot\): max_runtime="):
+        _operator(max_runtime=29 * 24 * 3600)
+    # templated values are checked after rendering, not now
+    _operator(image="{{ params.image }}", checkpoint="{{ params.ckpt }}")

@@ -166,11 +166,11 @@ class Ladder(CapacityPolicy):
             LadderRung("sagemaker", "on_demand", instance_types=["ml.p4d.24xlarge"]),
         )
 
-    :param rungs: :class:`LadderRung` objects (or mappings of their arguments), 1 to :data:`MAX_RUNGS`.
+    :param rungs: :class:`LadderRung` objects (or mappings of their arguments), 1 to 10 (``MAX_RUNGS``).
     :param spot_wait_timeout: how long an attempt on a spot rung may wait for capacity before it is given up and
         the next rung runs (a timedelta or seconds; default 30 minutes; ``None`` waits forever).
     :param max_interruptions: default ``len(rungs)``: every rung is reached, and the last one may be interrupted
-        once more. Also ``backoff`` and ``max_node_faults`` (:class:`~gpu_provider.capacity.CapacityPolicy`).
+        once more. Also ``backoff`` and ``max_node_faults`` (:class:`~gpu_provider.CapacityPolicy`).
     """
 
     name = "ladder"

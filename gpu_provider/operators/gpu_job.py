@@ -52,6 +52,7 @@ from gpu_provider.operators._fields import (
     validate_env,
     warn_spot_without_checkpoint,
 )
+from gpu_provider.operators._ladder import ladder_backend, rung_place, validate_rungs
 from gpu_provider.operators._plan import Plan, attempt_request
 from gpu_provider.operators._state import describe_outlets, latest_checkpoint, persist_records, stored_records
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
@@ -149,14 +150,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self.command = command if is_templated(command) else validate_command(command)
         self.env = env if env is None or any_templated(env) else validate_env(env)
         self.image = image
-        ladder = capacity if isinstance(capacity, Ladder) else None
-        if ladder is not None:
-            if backend is not None:
-                raise ValueError(
-                    f"backend={backend!r} with capacity=Ladder(...): a ladder names the backend of each of its rungs "
-                    "(LadderRung('batch', 'spot', ...)); leave backend= out"
-                )
-            backend = ladder.rungs[0].backend_spec()  # the task's backend: the first rung's
+        backend = ladder_backend(capacity, backend)  # a capacity ladder: its first rung's
         if backend is None:
             from airflow.configuration import conf
 
@@ -181,10 +175,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
 
         # parse-time checks of what is already known
         check_fixed_options(backend)
-        if ladder is not None:  # every rung with its own backend's checks; one checkpoint all of them can read
-            self._validate_rungs(ladder, image or None, image_known=not is_templated(image))
-            if self.checkpoint_uri and not is_templated(self.checkpoint_uri):
-                ladder.check_checkpoint(self.checkpoint_uri)
+        if isinstance(self.capacity, Ladder):  # every rung with its own backend's checks; one checkpoint for all
+            uri = None if is_templated(self.checkpoint_uri) else self.checkpoint_uri
+            validate_rungs(self, image or None, uri, image_known=not is_templated(image))
         elif not any_templated(backend):
             known = resolve_backend(backend)
             self._validate_for(known, self._runtime_limit(self.max_runtime_s))
@@ -237,10 +230,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         image = self.image or None
         rungs: tuple[Backend, ...] = ()
         checkpoint_uri = validate_checkpoint_uri(self.checkpoint_uri) if self.checkpoint_uri else None
-        if isinstance(self.capacity, Ladder):
-            rungs = tuple(self._validate_rungs(self.capacity, image))
-            rungs = (backend, *rungs[1:])  # rung 0 is the task's backend: one object
-            self.capacity.check_checkpoint(checkpoint_uri)
+        if isinstance(self.capacity, Ladder):  # rung 0 is the task's backend: one object
+            rungs = (backend, *validate_rungs(self, image, checkpoint_uri)[1:])
         else:
             self._validate_for(backend, max_runtime_s)
             backend.validate_image(image)
@@ -279,16 +270,6 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             multi_capacity=len(self.capacity.may_use) > 1,
             priority=self.job_priority,
             max_runtime_s=max_runtime_s,
-        )
-
-    def _validate_rungs(self, ladder: Ladder, image: str | None, *, image_known: bool = True) -> list[Backend]:
-        """Check every rung of a capacity ladder with its own backend (resources, capacity, image, runtime)."""
-        return ladder.validate_rungs(
-            self.gpu_resources,
-            image=image,
-            image_known=image_known,
-            priority=self.job_priority,
-            max_runtime_s=self._runtime_limit(self.max_runtime_s),
         )
 
     def _runtime_limit(self, max_runtime_s: float | None) -> float | None:
@@ -408,7 +389,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             rungs=plan.rungs,
         )
         if plan.rungs:  # a capacity ladder: each attempt priced on its own rung's service and region
-            spend.rung_of = lambda record: self._rung_place(runner, record)
+            spend.rung_of = lambda record: rung_place(self, runner, record)
         return runner
 
     def _run(self, context: Context, plan: Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
@@ -533,16 +514,6 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         runner.persist()
         self._publish_link(context, backend, handle)
         return record
-
-    def _rung_place(self, runner: AttemptRunner, record: AttemptRecord) -> tuple[Backend, Any] | None:
-        """The backend and resources ``record``'s attempt is priced with: its ladder rung's (``None``: the task's)."""
-        if record.rung is None and not record.backend_spec:
-            return None
-        resources = self.gpu_resources
-        rung = self.capacity.rung(record.rung) if isinstance(self.capacity, Ladder) else None
-        if rung is not None and rung.instance_types is not None:
-            resources = dataclasses.replace(resources, instance_types=rung.instance_types)
-        return runner.backend_for(record), resources
 
     def _task_key(self, context: Context) -> TaskKey:
         ti = context["ti"]
