@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_provider.backends.base import JobState, JobStatus
-from gpu_provider.capacity import CapacityPolicy, Interruption
+from gpu_provider.capacity import CapacityPolicy, Interruption, Ladder
 from gpu_provider.exceptions import (
     GpuJobCancelledError,
     GpuJobError,
@@ -283,6 +283,9 @@ class AttemptEngine:
             )
         step = self.next_submit(delay=self.policy.backoff_delay(len(interruptions)))
         on = f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity
+        rung = self.policy.rung(step.rung) if isinstance(self.policy, Ladder) else None
+        if rung is not None:  # a capacity ladder: say where the next attempt runs
+            on = f"{rung.describe()} (ladder rung {step.rung})"
         if record.instance_choice and str(record.interruption) == CAPACITY_TIMEOUT:
             what = f"{record.capacity} capacity for {record.instance_choice} did not come"
         self.note = (

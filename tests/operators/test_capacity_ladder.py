@@ -173,6 +173,9 @@ def test_training_interrupted_on_batch_spot_resumes_on_sagemaker_spot_then_on_de
     ], attempts
     assert attempts[1]["restarts"] == 1 and "backend_spec" not in attempts[0]
     assert (result["backend"], result["backends"], result["interruptions"]) == ("sagemaker", ["batch", "sagemaker"], 2)
+    # each attempt priced on its own service: an EC2 instance for the Batch attempt, SageMaker's ml. ones after it
+    prices = [(a["price"] or {}).get("instance_type", "") for a in attempts]
+    assert not prices[0].startswith("ml.") and all(p.startswith("ml.") for p in prices[1:]), prices
 
     # one checkpoint for every rung: SageMaker spot resumed from the step Batch left, on-demand from a later one
     assert _step_of(attempts[0]["resume_from"] if attempts[0]["resume_from"] else "ckpt-0") == 0
@@ -187,6 +190,8 @@ def test_training_interrupted_on_batch_spot_resumes_on_sagemaker_spot_then_on_de
     assert gpu_aws.sagemaker.bodies("StopTrainingJob") == [{"TrainingJobName": attempts[1]["name"]}]
     assert gpu_aws.batch.bodies("TerminateJob") == []
 
+    assert "resubmitting on sagemaker spot (ladder rung 1) (attempt 2" in run.log
+    assert "resubmitting on sagemaker on-demand (ladder rung 2) (attempt 3" in run.log
     # resume across services is exact: the model is the uninterrupted run's, byte for byte
     for name in ("model.npz", "metrics.json"):
         assert (out / name).read_bytes() == (reference / name).read_bytes(), name
