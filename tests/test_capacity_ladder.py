@@ -140,3 +140,30 @@ def test_the_operator_checks_a_ladder_when_the_dag_is_parsed() -> None:
         _operator(max_runtime=29 * 24 * 3600)
     # templated values are checked after rendering, not now
     _operator(image="{{ params.image }}", checkpoint="{{ params.ckpt }}")
+
+
+def test_a_ladders_worst_case_is_its_dearest_rung_at_that_services_price() -> None:
+    """``max_cost_usd``: before a submit, the worst case of a ladder is priced rung by rung on each rung's own
+    service (SageMaker's ``ml.`` instances), not at the first rung's (Batch's EC2) prices."""
+    import logging
+
+    from gpu_provider.engine.attempts import Submit
+    from gpu_provider.operators._ladder import rung_places, validate_rungs
+    from gpu_provider.spend.budget import SpendControl
+
+    op = _operator(max_runtime=3600, max_cost_usd=1.0)
+    backends = validate_rungs(op, "trainer:1", None)
+    control = SpendControl(
+        backends[0],
+        op.gpu_resources,
+        op.capacity,
+        log=logging.getLogger("test.ladder"),
+        max_cost_usd=1.0,
+        max_runtime_s=3600,
+        emit_metrics=False,
+    )
+    first_rung_only, text = control.worst_case(Submit(1, "spot", rung=0), [])
+    assert "ml." not in text
+    control.rung_places = rung_places(op, tuple(backends))
+    total, text = control.worst_case(Submit(1, "spot", rung=0), [])
+    assert "(ml.p4d.24xlarge on-demand" in text and total > first_rung_only, text

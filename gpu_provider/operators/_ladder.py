@@ -46,6 +46,19 @@ def validate_rungs(
     return backends
 
 
+def rung_places(operator: GpuJobOperator, backends: tuple[Backend, ...]) -> list[tuple[Backend, GpuResources, str]]:
+    """Each rung's backend, resources (with its instance types) and capacity, in order (for prices)."""
+    ladder = operator.capacity
+    assert isinstance(ladder, Ladder)
+    places = []
+    for backend, rung in zip(backends, ladder.rungs, strict=True):
+        resources = operator.gpu_resources
+        if rung.instance_types is not None:
+            resources = dataclasses.replace(resources, instance_types=rung.instance_types)
+        places.append((backend, resources, rung.capacity))
+    return places
+
+
 def rung_place(
     operator: GpuJobOperator, runner: AttemptRunner, record: AttemptRecord
 ) -> tuple[Backend, GpuResources] | None:

@@ -52,7 +52,7 @@ from gpu_provider.operators._fields import (
     validate_env,
     warn_spot_without_checkpoint,
 )
-from gpu_provider.operators._ladder import ladder_backend, rung_place, validate_rungs
+from gpu_provider.operators._ladder import ladder_backend, rung_place, rung_places, validate_rungs
 from gpu_provider.operators._plan import Plan, attempt_request
 from gpu_provider.operators._state import describe_outlets, latest_checkpoint, persist_records, stored_records
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
@@ -390,6 +390,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         )
         if plan.rungs:  # a capacity ladder: each attempt priced on its own rung's service and region
             spend.rung_of = lambda record: rung_place(self, runner, record)
+            spend.rung_places = rung_places(self, plan.rungs)
         return runner
 
     def _run(self, context: Context, plan: Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:

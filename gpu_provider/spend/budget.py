@@ -190,6 +190,9 @@ class SpendControl:
         #: a capacity ladder's rungs: the backend and resources an attempt is priced with, ``None`` for the
         #: task's own (set by the operator; every attempt is priced on the service and region it ran in)
         self.rung_of: Callable[[AttemptRecord], tuple[Backend, GpuResources] | None] = lambda record: None
+        #: a capacity ladder's rungs, in order: the backend, resources and capacity of each (the worst case of a
+        #: submit is the dearest rung's price; a step is priced on its own rung)
+        self.rung_places: list[tuple[Backend, GpuResources, str]] = []
         self._rung_regions: dict[str, str | None] = {}
 
     @classmethod
@@ -224,26 +227,26 @@ class SpendControl:
                 self.log.warning("No cost estimate: %s", err)
             return None
 
-    def attempt_price(self, record: AttemptRecord) -> Price | None:
-        """The price of ``record``'s attempt: on its own rung's backend and region under a capacity ladder."""
-        place = self.rung_of(record)
-        if place is None:
-            return self._price_or_none(record.capacity, record.instance_type)
-        backend, resources = place
+    def place_price(
+        self, backend: Backend, resources: GpuResources, capacity: str, instance_type: str | None = None
+    ) -> Price:
+        """The price of an attempt on ``backend`` (a capacity ladder's rung: its catalog and region)."""
         key = repr(sorted(backend.spec().items()))
         if key not in self._rung_regions:
             try:
                 self._rung_regions[key] = backend.price_region()
             except Exception:  # no region configured: the default region's price, as for the task's backend
                 self._rung_regions[key] = None
+        region = self._rung_regions[key]
+        return self.book.job_price(resources, capacity, region, backend.price_catalog, instance_type=instance_type)
+
+    def attempt_price(self, record: AttemptRecord) -> Price | None:
+        """The price of ``record``'s attempt: on its own rung's backend and region under a capacity ladder."""
+        place = self.rung_of(record)
+        if place is None:
+            return self._price_or_none(record.capacity, record.instance_type)
         try:
-            return self.book.job_price(
-                resources,
-                record.capacity,
-                self._rung_regions[key],
-                backend.price_catalog,
-                instance_type=record.instance_type,
-            )
+            return self.place_price(*place, record.capacity, record.instance_type)
         except PriceNotFoundError as err:
             if str(err) not in self._warned:
                 self._warned.add(str(err))
@@ -257,6 +260,10 @@ class SpendControl:
         """USD the run may cost at most if this submit goes ahead, and the arithmetic in words
         (only with a max runtime: without one the worst case has no bound)."""
         prices = [self.price(capacity) for capacity in sorted(self.policy.may_use)]
+        if self.rung_places:  # a capacity ladder: every rung at its own service's price
+            prices = [
+                self.place_price(backend, resources, capacity) for backend, resources, capacity in self.rung_places
+            ]
         dearest = max(prices, key=lambda p: p.usd_per_gpu_hour)
         spent = sum(r.cost_usd or 0.0 for r in records)
         left = max(1, self.attempts_allowed() - len(records))
@@ -338,6 +345,11 @@ class SpendControl:
         bounded = 0.0
         if self.max_runtime_s:
             price = self._price_or_none(step.capacity, step.instance_type)  # the type chosen, if one was
+            if step.rung is not None and 0 <= step.rung < len(self.rung_places):  # a ladder's rung: its own price
+                try:
+                    price = self.place_price(*self.rung_places[step.rung][:2], step.capacity, step.instance_type)
+                except PriceNotFoundError:
+                    price = None
             if price is not None:
                 bounded = price.usd_per_gpu_hour * self.resources.total_gpus * self.max_runtime_s / 3600.0
         if spent + bounded > budget:
