@@ -77,6 +77,13 @@ class AttemptRecord:
     """For ``interruption="moved_to_spot"``: the reading that moved the attempt back to spot and the estimated
     saving (``score``, ``spot_usd_per_hour``, ``on_demand_usd_per_hour``, ``saving_pct``, ``remaining_s``,
     ``saving_usd``: price difference x nodes x remaining time, ``None`` when the remaining time is unknown)."""
+    rung: int | None = None
+    """Under a capacity :class:`~gpu_provider.capacity.ladder.Ladder`: the index of the rung the attempt ran on."""
+    backend_spec: dict[str, Any] | None = None
+    """The attempt's own backend, in the mapping form ``{"name": ..., **options}`` (a ladder's rung on another
+    service or region); ``None``: the task's backend (every record written before ladders existed)."""
+    service: str | None = None
+    """The service the attempt ran on, in words ("AWS Batch", "Amazon SageMaker"); ``None``: not recorded."""
 
     @property
     def gpu_hours(self) -> float:
@@ -168,6 +175,8 @@ class AttemptRecord:
             name=self.name,
             capacity=self.capacity,
             queue=self.queue,
+            backend=self.handle.backend,
+            region=(self.backend_spec or {}).get("region_name"),
             gpu_hours=self.gpu_hours,
             spot_saving_pct=self.spot_saving_pct,
         )
@@ -177,6 +186,7 @@ class AttemptRecord:
         """The XCom form: everything but the backend's lookup data."""
         data = self.to_dict()
         del data["handle"]
+        del data["backend_spec"]  # the attempt's backend options: its name, service and region say where it ran
         return data
 
     @classmethod
@@ -192,6 +202,9 @@ class AttemptRecord:
         kwargs["collected"] = bool(kwargs.get("collected"))
         kwargs["gpu_seconds"] = float(kwargs.get("gpu_seconds") or 0.0)
         kwargs["restarts"] = int(kwargs.get("restarts") or 0)
+        kwargs["backend_spec"] = (
+            dict(kwargs["backend_spec"]) if isinstance(kwargs.get("backend_spec"), Mapping) else None
+        )
         return cls(**kwargs)
 
 

@@ -118,3 +118,39 @@ def test_the_summary_round_trips_alone() -> None:
     summary.add(_record(1, JobState.SUCCEEDED, collected=True))
     assert AttemptSummary.from_dict(summary.to_dict()["summary"]) == summary
     assert dump_records([], AttemptSummary()) == []  # an empty summary is not stored
+
+
+def test_an_attempt_keeps_its_own_backend_and_a_record_of_0x_means_the_tasks() -> None:
+    """A capacity ladder's attempt records its rung, backend and service; a record written before ladders (no such
+    fields, as 0.x stored them) still loads and means the task's backend."""
+    from gpu_provider.backends.local import LocalBackend
+    from gpu_provider.engine.runner import backend_of
+
+    task_backend, rung_backend = LocalBackend(state_dir="/tmp/a"), LocalBackend(state_dir="/tmp/b")
+    stored_by_0x = {
+        "schema": 2,
+        "attempt": 1,
+        "state": "RUNNING",
+        "handle": {
+            "backend": "local",
+            "job_id": "j1",
+            "name": "n1",
+            "attempt": 1,
+            "capacity": "spot",
+            "submitted_at": 1.0,
+        },
+    }
+    old = AttemptRecord.from_dict(stored_by_0x)
+    assert (old.rung, old.backend_spec, old.service) == (None, None, None)
+    assert backend_of(task_backend, old, [task_backend, rung_backend]) is task_backend
+    assert old.public()["backend"] == "local" and old.public()["region"] is None
+
+    mine = AttemptRecord.from_dict({**old.to_dict(), "rung": 1, "backend_spec": rung_backend.spec(), "service": "x"})
+    loaded = AttemptRecord.from_dict(mine.to_dict())
+    assert (loaded.rung, loaded.backend_spec, loaded.service) == (1, rung_backend.spec(), "x")
+    assert backend_of(task_backend, loaded, [task_backend, rung_backend]) is rung_backend
+    assert "backend_spec" not in loaded.public()  # XCom names the backend, service and region, not the options
+    # a rung no longer in the DAG (changed since the attempt ran): the record's own backend is built again
+    gone = LocalBackend(state_dir="/tmp/c")
+    loaded.backend_spec = gone.spec()
+    assert backend_of(task_backend, loaded, [task_backend, rung_backend]) == gone

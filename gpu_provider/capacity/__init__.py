@@ -6,6 +6,8 @@
   (:class:`InstanceFallback`, composed into a policy with ``instances=``);
 - :mod:`~gpu_provider.capacity.spot_return`: back to spot when spot returns (:class:`SpotReturn`, composed
   into ``SpotFallback`` with ``spot_return=``): a planned move of an on-demand attempt at a checkpoint.
+- :mod:`~gpu_provider.capacity.ladder`: rungs on several backends or regions, one checkpoint for all
+  (:class:`Ladder` of :class:`LadderRung`).
 
 The engine (:mod:`gpu_provider.engine.attempts`) asks the policy for the next :class:`Rung`; a backend
 only answers whether it can run a rung (``Backend.validate``, ``Backend.validate_instance_fallback``)
@@ -16,6 +18,7 @@ See ``docs/explanations/capacity-policies.md``.
 from __future__ import annotations
 
 from gpu_provider.capacity.instances import InstanceFallback, Rung, validate_instance_fallback
+from gpu_provider.capacity.ladder import Ladder, LadderRung
 from gpu_provider.capacity.policies import (
     MAX_BACKOFF_S,
     MAX_INTERRUPTIONS,
@@ -34,6 +37,8 @@ __all__ = [
     "CapacityPolicy",
     "InstanceFallback",
     "Interruption",
+    "Ladder",
+    "LadderRung",
     "OnDemand",
     "Rung",
     "Spot",

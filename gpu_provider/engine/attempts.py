@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_provider.backends.base import JobState, JobStatus
-from gpu_provider.capacity import CapacityPolicy, Interruption
+from gpu_provider.capacity import CapacityPolicy, Interruption, Ladder
 from gpu_provider.exceptions import (
     GpuJobCancelledError,
     GpuJobError,
@@ -49,6 +49,8 @@ class Submit:
     capacity: str
     delay: float = 0.0
     instance_type: str | None = None
+    rung: int | None = None
+    """Under a capacity ladder: the rung (backend, options, overrides) the attempt runs on; ``None``: the task's."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,8 @@ def _move_saving(run: Sequence[AttemptRecord]) -> float | None:
 
 
 def describe(backend_name: str, record: AttemptRecord) -> str:
+    # the attempt's own backend (a ladder's rung on another service), else the task's
+    backend_name = record.handle.backend or backend_name
     return f"{backend_name} job {record.name} (id {record.job_id}, attempt {record.attempt}, {record.capacity})"
 
 
@@ -190,6 +194,8 @@ class AttemptEngine:
         for restarts in range(1, budget + 2):
             seen = prior + [Interruption(attempt=record.attempt, capacity=record.capacity, kind=PREEMPTED)] * restarts
             if len(seen) > budget or self.policy.capacity_after(seen) != record.capacity:
+                return restarts
+            if record.rung is not None and self.policy.rung_after(seen).rung != record.rung:  # a ladder moves on
                 return restarts
         return None
 
@@ -292,6 +298,9 @@ class AttemptEngine:
             )
         step = self.next_submit(delay=self.policy.backoff_delay(len(interruptions)))
         on = f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity
+        rung = self.policy.rung(step.rung) if isinstance(self.policy, Ladder) else None
+        if rung is not None:  # a capacity ladder: say where the next attempt runs
+            on = f"{rung.describe()} (ladder rung {step.rung})"
         if record.instance_choice and str(record.interruption) == CAPACITY_TIMEOUT:
             what = f"{record.capacity} capacity for {record.instance_choice} did not come"
         self.note = (
@@ -353,7 +362,9 @@ class AttemptEngine:
             # moved back to spot at a checkpoint: the next attempt runs on spot (the preferred type first)
             first = self.instance_types[0] if self.policy.instances is not None and self.instance_types else None
             return Submit(attempt=attempt, capacity=SPOT, delay=delay, instance_type=first)
-        return Submit(attempt=attempt, capacity=rung.capacity, delay=delay, instance_type=rung.instance_type)
+        return Submit(
+            attempt=attempt, capacity=rung.capacity, delay=delay, instance_type=rung.instance_type, rung=rung.rung
+        )
 
     # --- back to spot when spot returns (``SpotFallback(spot_return=...)``): planned moves ------------
     def moves(self) -> list[AttemptRecord]:
@@ -406,7 +417,9 @@ class AttemptEngine:
         start = max((i for i, r in enumerate(self.records[:end]) if r.collected), default=-1) + 1
         run = self.records[start : end + 1]
         return {
-            "backend": self.backend_name,
+            "backend": record.handle.backend or self.backend_name,
+            # every backend the run's attempts ran on, in order (several under a capacity ladder)
+            "backends": list(dict.fromkeys(r.handle.backend or self.backend_name for r in run)),
             "job_id": record.job_id,
             "job_name": record.name,
             "state": record.state.value,

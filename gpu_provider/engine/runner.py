@@ -8,9 +8,10 @@ log link.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from gpu_provider import names
@@ -47,9 +48,18 @@ GIVE_UP_CANCEL_S = 60.0
 
 
 def recover(
-    backend: Backend, task: TaskKey, stored: list[AttemptRecord], log: Any, summary: AttemptSummary | None = None
+    backend: Backend,
+    task: TaskKey,
+    stored: list[AttemptRecord],
+    log: Any,
+    summary: AttemptSummary | None = None,
+    *,
+    others: Sequence[Backend] = (),
 ) -> list[AttemptRecord]:
     """Every attempt of a task instance, refreshed with its current status.
+
+    ``others``: the task's other backends (a capacity ladder's rungs on other services or regions): each
+    is asked for the task's attempts too, and every attempt is read from its own backend.
 
     ``stored`` are the records from the task state store (resume point, owner, interruption
     kind). The backend's lookup by identity is asked too: it also finds an attempt submitted just
@@ -59,19 +69,59 @@ def recover(
     """
     known = {r.job_id for r in stored}
     folded = (summary.last_attempt or 0) if summary else 0
-    found = [h for h in backend.find_existing(task) if h.job_id not in known and h.attempt > folded]
-    records = list(stored) + [AttemptRecord.new(h) for h in found]
+    records = list(stored)
+    places = distinct_backends(backend, others)
+    for place in places:
+        for h in place.find_existing(task):
+            if h.job_id not in known and h.attempt > folded:
+                known.add(h.job_id)
+                record = AttemptRecord.new(h)
+                if place is not backend:  # found on a rung's own backend: its later reads go there
+                    record.backend_spec, record.service = place.spec(), place.service or None
+                records.append(record)
     records.sort(key=lambda r: (r.attempt, r.handle.submitted_at))
     open_records = [r for r in records if not r.state.terminal]
-    if open_records:
-        statuses = backend.poll([r.handle for r in open_records])
-        for record in open_records:
+    by_place: dict[str, tuple[Backend, list[AttemptRecord]]] = {}
+    for record in open_records:
+        place = backend_of(backend, record, places)
+        by_place.setdefault(spec_key(place), (place, []))[1].append(record)
+    for place, group in by_place.values():
+        statuses = place.poll([r.handle for r in group])
+        for record in group:
             status = statuses.get(record.job_id)
             if isinstance(status, JobStatus):
                 record.update(status)
             elif status is not None:
                 log.warning("Could not read the status of job %s: %s", record.job_id, status)
     return records
+
+
+def spec_key(backend: Backend) -> str:
+    """A backend's identity as a string (its name and options): equal backends, equal keys."""
+    return json.dumps(backend.spec(), sort_keys=True, default=str)
+
+
+def distinct_backends(backend: Backend, others: Sequence[Backend]) -> list[Backend]:
+    """``backend`` and then each of ``others`` not equal to one before it."""
+    seen: dict[str, Backend] = {}
+    for b in (backend, *others):
+        seen.setdefault(spec_key(b), b)
+    return list(seen.values())
+
+
+def backend_of(backend: Backend, record: AttemptRecord, known: Sequence[Backend] = ()) -> Backend:
+    """The backend ``record``'s attempt runs on: its own (``record.backend_spec``, a ladder's rung), else the
+    task's ``backend`` (records written before ladders existed). One of ``known`` equal to it is reused."""
+    spec = record.backend_spec
+    if not spec:
+        return backend
+    key = json.dumps(spec, sort_keys=True, default=str)
+    for b in (backend, *known):
+        if spec_key(b) == key:
+            return b
+    from gpu_provider.backends.base import resolve_backend
+
+    return resolve_backend(spec)
 
 
 def poll_one(backend: Backend, handle: JobHandle, *, timeout: float | None = None) -> JobStatus | None:
@@ -151,6 +201,8 @@ class AttemptRunner:
         :meth:`gpu_provider.spend.budget.SpendControl.cost_limit`
     :param max_records: the most attempt records kept; older history is folded into the engine's
         summary (:func:`gpu_provider.records.compact`). ``None``: no cap
+    :param rungs: a capacity ladder's backends, by rung index: each attempt is submitted, watched, stopped
+        and collected on its own backend (:meth:`backend_for`)
     """
 
     def __init__(
@@ -169,7 +221,10 @@ class AttemptRunner:
         cancel_retry_s: float = 5.0,
         cost_limit: Callable[[AttemptRecord], dict[str, float] | None] = lambda record: None,
         max_records: int | None = None,
+        rungs: Sequence[Backend] = (),
     ) -> None:
+        #: a capacity ladder's backends, by rung index (empty: every attempt runs on ``backend``)
+        self.rungs = list(rungs)
         self.cost_limit = cost_limit
         self.max_records = max_records
         self.backend = backend
@@ -200,6 +255,16 @@ class AttemptRunner:
         """The attempt in words: its backend, name, id, attempt number and capacity."""
         return describe(self.backend.name, record)
 
+    def backend_for(self, record: AttemptRecord) -> Backend:
+        """The backend of ``record``'s attempt: its own (a ladder's rung), else the task's."""
+        return backend_of(self.backend, record, self.rungs)
+
+    def backend_for_rung(self, rung: int | None) -> Backend:
+        """The backend a new attempt on ``rung`` is submitted to (the task's when there is no ladder)."""
+        if rung is None or not 0 <= rung < len(self.rungs):
+            return self.backend
+        return self.rungs[rung]
+
     # --- limits of one attempt's wait ------------------------------------------------------------
     def capacity_wait(self, record: AttemptRecord) -> float | None:
         if record.instance_choice is not None:  # instance fallback: the policy's wait for this capacity and type
@@ -211,7 +276,8 @@ class AttemptRunner:
 
     def restart_limit(self, record: AttemptRecord) -> int | None:
         """Restarts inside the attempt after which it is stopped (only where the service restarts jobs)."""
-        return self.engine.restart_limit(record) if self.backend.capabilities.restarts_inside_job else None
+        restarts_inside = self.backend_for(record).capabilities.restarts_inside_job
+        return self.engine.restart_limit(record) if restarts_inside else None
 
     # --- at the start of a try -------------------------------------------------------------------
     def cancel_duplicates(self, stored: set[str]) -> None:
@@ -234,7 +300,7 @@ class AttemptRunner:
         """Whether a later Airflow try owns ``record``'s job, read from the service now
         (:meth:`Backend.read_owner`); ``None`` when that cannot be read. A later owner is kept in the record."""
         try:
-            read = self.backend.read_owner(record.handle)
+            read = self.backend_for(record).read_owner(record.handle)
         except Exception as err:
             self.owner_error = f"{type(err).__name__}: {err}"
             self.log.warning("Could not read who owns %s now: %s", self.describe_attempt(record), self.owner_error)
@@ -287,7 +353,7 @@ class AttemptRunner:
             )
         record.owner_try = self.engine.try_number
         try:
-            self.backend.mark(record.handle, owner_try=self.engine.try_number)
+            self.backend_for(record).mark(record.handle, owner_try=self.engine.try_number)
         except Exception as err:  # the store keeps the owner too
             self.log.warning("Could not mark job %s as owned by try %d: %s", record.job_id, record.owner_try, err)
         self.persist()
@@ -296,8 +362,9 @@ class AttemptRunner:
     def wait(self, record: AttemptRecord, poll_interval: float) -> tuple[JobStatus, str]:
         """Poll in the worker until the attempt ends or a wait limit passes; stream its log meanwhile."""
         handle = record.handle
+        backend = self.backend_for(record)
         watch = AttemptWatch(
-            self.backend,
+            backend,
             handle,
             capacity_wait=self.capacity_wait(record),
             queue_timeout=self.queue_timeout(record),
@@ -308,7 +375,7 @@ class AttemptRunner:
         spot = self.spot_return_watch(record)
         while not self.stop.is_set():
             try:
-                status = self.backend.poll([handle])[handle.job_id]
+                status = backend.poll([handle])[handle.job_id]
                 if isinstance(status, GpuJobStatusError):
                     raise status
             except Exception as err:
@@ -321,7 +388,7 @@ class AttemptRunner:
             outcome = watch.read(status)
             if outcome is not None:
                 status = watch.complete(status)
-                declared_wins = not status.output_uri or self.backend.service_output
+                declared_wins = not status.output_uri or backend.service_output
                 if status.state is JobState.SUCCEEDED and watch.output_uri and declared_wins:
                     status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
                 return status, outcome
@@ -351,7 +418,7 @@ class AttemptRunner:
             return self._move_to_spot(record)
         if outcome == CAPACITY_TIMEOUT:
             # the sample may be stale (the trigger fired, then the task waited for a slot): look again
-            fresh = poll_one(self.backend, record.handle)
+            fresh = poll_one(self.backend_for(record), record.handle)
             if fresh is not None and fresh.state is not JobState.QUEUED:
                 self.log.info(
                     "%s left the queue (%s) before its wait was given up.",
@@ -434,7 +501,7 @@ class AttemptRunner:
         the engine then submits the next attempt on spot. Only on fresh evidence: this try owns the attempt
         (read by :meth:`after_wait`) and it is running now; otherwise nothing is stopped."""
         engine = self.engine
-        fresh = poll_one(self.backend, record.handle)
+        fresh = poll_one(self.backend_for(record), record.handle)
         if fresh is None or fresh.state is not JobState.RUNNING:
             if fresh is not None:
                 engine.saw(record, fresh)
@@ -472,7 +539,7 @@ class AttemptRunner:
         """The backend's verdict on an attempt that never started is final (it can never start, or it
         waited past the backend's own startup limit), but the service still holds it: this try, the
         owner (read fresh), removes it. Without fresh evidence it is left alone, and said so."""
-        fresh = poll_one(self.backend, record.handle)
+        fresh = poll_one(self.backend_for(record), record.handle)
         if fresh is None or not fresh.never_starts:
             if fresh is None:
                 self.log.warning(
@@ -504,7 +571,7 @@ class AttemptRunner:
                     "its status again and waits for it; it does not submit a second job while this one lives."
                 )
             )
-        owner = read_owner(self.backend, record.handle, timeout=GIVE_UP_READ_S)
+        owner = read_owner(self.backend_for(record), record.handle, timeout=GIVE_UP_READ_S)
         if owner is not None and owner.later_than(self.engine.try_number):
             return Fail(
                 GpuJobPollError(
@@ -512,7 +579,7 @@ class AttemptRunner:
                 )
             )
         reason = f"{why}; no Airflow retry left to watch it; cancelled by {self.label}"
-        cancelled = cancel_within(self.backend, record.handle, reason, GIVE_UP_CANCEL_S)
+        cancelled = cancel_within(self.backend_for(record), record.handle, reason, GIVE_UP_CANCEL_S)
         if cancelled is None:
             self.engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
             self.persist()
@@ -520,7 +587,7 @@ class AttemptRunner:
         else:
             self.log.warning("Could not cancel %s: %s", where, cancelled)
             done = f"cancelling it failed too ({cancelled}): it may still be running, so stop it by hand" + (
-                f" ({url})" if (url := self.backend.console_url(record.handle)) else ""
+                f" ({url})" if (url := self.backend_for(record).console_url(record.handle)) else ""
             )
         return Fail(
             GpuJobPollError(f"{where}: {why}. No Airflow retry is left to watch the job, so {done}."),
@@ -531,7 +598,7 @@ class AttemptRunner:
         """The service said the queued attempt can never start as submitted: read it again, and if this try
         still owns it and it still cannot start, stop it and fail (it would hold its queue forever)."""
         engine = self.engine
-        fresh = poll_one(self.backend, record.handle)
+        fresh = poll_one(self.backend_for(record), record.handle)
         if fresh is None:  # no fresh evidence: keep waiting (the next sample decides again)
             self.stop.wait(self.cancel_retry_s)
             return Wait(record)
@@ -591,7 +658,7 @@ class AttemptRunner:
         if not isinstance(step.error, GpuJobFailedError) or record is None or record.state is not JobState.FAILED:
             return step.error
         try:
-            tail = self.backend.output_tail(record.handle, OUTPUT_TAIL_LINES)
+            tail = self.backend_for(record).output_tail(record.handle, OUTPUT_TAIL_LINES)
         except Exception as err:  # the error stands without them
             self.log.warning("Could not read the end of %s's output: %s", self.describe_attempt(record), err)
             return step.error
@@ -602,8 +669,9 @@ class AttemptRunner:
 
     def succeed(self, record: AttemptRecord, checkpoint_uri: str | None) -> dict[str, Any]:
         """Collect a succeeded attempt: its declared output (read from its log if not seen yet), the result."""
-        if not record.output_uri or self.backend.service_output:
-            reader = LogForwarder(self.backend, record.handle, self.log, copy=False)
+        backend = self.backend_for(record)
+        if not record.output_uri or backend.service_output:
+            reader = LogForwarder(backend, record.handle, self.log, copy=False)
             reader.pump(drain=True)
             record.output_uri = reader.output_uri or record.output_uri
         self.settle_earlier(record)
@@ -624,10 +692,17 @@ class AttemptRunner:
         pending = [
             r for r in self.engine.current if r is not record and r.state.terminal and r.billable_seconds is None
         ]
-        if not pending or not self.backend.capabilities.restarts_inside_job:
+        pending = [r for r in pending if self.backend_for(r).capabilities.restarts_inside_job]
+        if not pending:
             return
         try:
-            statuses = self.backend.poll([r.handle for r in pending])
+            statuses: dict[str, Any] = {}
+            groups: dict[str, tuple[Backend, list[JobHandle]]] = {}
+            for r in pending:  # each from its own backend: one call per backend
+                place = self.backend_for(r)
+                groups.setdefault(spec_key(place), (place, []))[1].append(r.handle)
+            for place, handles in groups.values():
+                statuses.update(place.poll(handles))
         except Exception as err:
             self.log.info("Could not read the final figures of earlier attempts: %s", err)
             return
@@ -644,14 +719,14 @@ class AttemptRunner:
         if record is not None and record.state.terminal and record.owner_try in (None, self.engine.try_number):
             record.collected = True
             try:
-                self.backend.mark(record.handle, collected=True)
+                self.backend_for(record).mark(record.handle, collected=True)
             except Exception as err:  # the store keeps the mark too
                 self.log.warning("Could not mark job %s as collected on the service: %s", record.job_id, err)
         self.persist()
 
     def cancel(self, record: AttemptRecord, reason: str) -> bool:
         try:
-            self.backend.cancel(record.handle, reason)
+            self.backend_for(record).cancel(record.handle, reason)
             return True
         except Exception as err:
             self.log.warning("Could not cancel %s: %s", self.describe_attempt(record), err)

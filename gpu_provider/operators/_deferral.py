@@ -65,14 +65,15 @@ def job_trigger(
     timeout = None
     if deadline is not None:  # a backstop: the trigger fires at the deadline itself and the job is cancelled
         timeout = timedelta(seconds=max(0.0, deadline - time.time()) + DEFER_TIMEOUT_SLACK_S)
+    backend = runner.backend_for(record)  # the attempt's own (a capacity ladder's rung), else the task's
     trigger = GpuJobTrigger(
-        backend=plan.backend.spec(),
+        backend=backend.spec(),
         handle=record.handle.to_dict(),
         poll_interval=plan.poll_interval,
         spot_wait_timeout=runner.capacity_wait(record),
         queue_timeout=runner.queue_timeout(record),
         deadline=deadline,
-        stream_logs=plan.backend.stream_logs_when_deferred,
+        stream_logs=backend.stream_logs_when_deferred,
         task_label=task_label,
         restart_limit=runner.restart_limit(record),
         cost_limit=runner.cost_limit(record),

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobIdentity, JobRequest, TaskKey
@@ -28,6 +29,16 @@ class Plan:
     try_number: int
     retry: str | None = None
     """The Airflow retry that follows if this try fails ("try 2 of 3"), ``None`` when none is left."""
+    rungs: tuple[Backend, ...] = ()
+    """A capacity ladder's backends, by rung index (empty: every attempt runs on ``backend``)."""
+
+
+def rung_of(operator: Any, index: int | None) -> Any:
+    """The :class:`~gpu_provider.capacity.LadderRung` at ``index`` of the operator's capacity ladder (``None``
+    without a ladder, or for an index that is not one of its rungs)."""
+    from gpu_provider.capacity import Ladder
+
+    return operator.capacity.rung(index) if isinstance(operator.capacity, Ladder) else None
 
 
 def attempt_request(
@@ -42,6 +53,12 @@ def attempt_request(
         capacity=step.capacity,
         team=operator.team,
     )
+    resources, image = operator.gpu_resources, plan.image
+    rung = rung_of(operator, step.rung)
+    if rung is not None:  # a capacity ladder's rung: its own image and instance types, where it gives them
+        image = rung.image or image
+        if rung.instance_types is not None:
+            resources = dataclasses.replace(resources, instance_types=rung.instance_types)
     env = {
         **plan.env,
         names.ENV_CHECKPOINT_URI: plan.checkpoint_uri or "",
@@ -54,9 +71,9 @@ def attempt_request(
         identity=identity,
         command=tuple(plan.command),
         env=env,
-        resources=operator.gpu_resources,
+        resources=resources,
         capacity=step.capacity,
-        image=plan.image,
+        image=image,
         max_runtime_s=plan.max_runtime_s,
         checkpoint_uri=plan.checkpoint_uri,
         resume_from=resume_from,

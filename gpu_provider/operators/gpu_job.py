@@ -25,7 +25,7 @@ from gpu_provider.backends.base import (
     check_backend_name,
     resolve_backend,
 )
-from gpu_provider.capacity import CapacityPolicy, resolve_capacity, validate_instance_fallback
+from gpu_provider.capacity import CapacityPolicy, Ladder, resolve_capacity, validate_instance_fallback
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
@@ -52,6 +52,7 @@ from gpu_provider.operators._fields import (
     validate_env,
     warn_spot_without_checkpoint,
 )
+from gpu_provider.operators._ladder import ladder_backend, rung_place, rung_places, validate_rungs
 from gpu_provider.operators._plan import Plan, attempt_request
 from gpu_provider.operators._state import describe_outlets, latest_checkpoint, persist_records, stored_records
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
@@ -149,6 +150,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self.command = command if is_templated(command) else validate_command(command)
         self.env = env if env is None or any_templated(env) else validate_env(env)
         self.image = image
+        backend = ladder_backend(capacity, backend)  # a capacity ladder: its first rung's
         if backend is None:
             from airflow.configuration import conf
 
@@ -173,7 +175,10 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
 
         # parse-time checks of what is already known
         check_fixed_options(backend)
-        if not any_templated(backend):
+        if isinstance(self.capacity, Ladder):  # every rung with its own backend's checks; one checkpoint for all
+            uri = None if is_templated(self.checkpoint_uri) else self.checkpoint_uri
+            validate_rungs(self, image or None, uri, image_known=not is_templated(image))
+        elif not any_templated(backend):
             known = resolve_backend(backend)
             self._validate_for(known, self._runtime_limit(self.max_runtime_s))
             if not is_templated(image):
@@ -222,11 +227,16 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self._run_id = str(ti.run_id)
         self._try_number = int(ti.try_number)
         max_runtime_s = self._runtime_limit(self.max_runtime_s)
-        self._validate_for(backend, max_runtime_s)
         image = self.image or None
-        backend.validate_image(image)
+        rungs: tuple[Backend, ...] = ()
         checkpoint_uri = validate_checkpoint_uri(self.checkpoint_uri) if self.checkpoint_uri else None
+        if isinstance(self.capacity, Ladder):  # rung 0 is the task's backend: one object
+            rungs = (backend, *validate_rungs(self, image, checkpoint_uri)[1:])
+        else:
+            self._validate_for(backend, max_runtime_s)
+            backend.validate_image(image)
         return Plan(
+            rungs=rungs,
             backend=backend,
             command=validate_command(self.command),
             env=validate_env(self.env),
@@ -281,7 +291,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
         stored, summary = stored_records(context, self.log)
-        found = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+        found = recover(plan.backend, self._task_key(context), stored, self.log, summary, others=plan.rungs)
         runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
         step = runner.engine.resume()
@@ -292,8 +302,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 step.record.state.value,
             )
             self._handle = step.record.handle
+            self._backend = runner.backend_for(step.record)
             runner.take_over(step.record)
-            self._publish_link(context, plan.backend, step.record.handle)
+            self._publish_link(context, self._backend, step.record.handle)
         elif isinstance(step, Succeed):
             self.log.info("Job %s of an earlier try already succeeded; returning its result.", step.record.job_id)
         return self._run(context, plan, runner, step, self._deadline(context))
@@ -319,6 +330,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if record is None:  # the store lost it: the event's handle is the truth
             record = AttemptRecord.new(handle, try_number=plan.try_number)
             runner.engine.records.append(record)
+        backend = self._backend = runner.backend_for(record)  # the attempt's own (a ladder's rung), else the task's
         if event["status"] == names.EVENT_POLL_ERROR:
             why = str(event.get("message") or "could not read the job status")
             return self._run(context, plan, runner, runner.gave_up_reading(record, why, retry=plan.retry), deadline)
@@ -326,8 +338,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         self._publish_log_link(context, status.log_url)
         outcome = outcome_of(event)
         runner.spot_decision = event.get("spot_return")  # spot_returned: the trigger's reading
-        if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
-            LogForwarder(plan.backend, handle, self.log).settle()
+        if outcome == ENDED and not backend.stream_logs_when_deferred:
+            LogForwarder(backend, handle, self.log).settle()
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
 
     def _resumed_runner(self, context: Context, plan: Plan, records: list[dict[str, Any]] | None) -> AttemptRunner:
@@ -336,7 +348,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         loaded, summary = load_records(records), load_summary(records)
         if not loaded:
             stored, summary = stored_records(context, self.log)
-            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary)
+            loaded = recover(plan.backend, self._task_key(context), stored, self.log, summary, others=plan.rungs)
         return self._runner(context, plan, loaded, summary)
 
     def _runner(
@@ -377,8 +389,12 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             execution_timeout=self.execution_timeout,
             cost_limit=lambda record: spend.cost_limit(record, engine.records),
             max_records=configured_max_attempt_records(),
+            rungs=plan.rungs,
         )
         runner.spot_types = tuple(self.gpu_resources.instance_types)  # what a SpotReturn reads spot capacity for
+        if plan.rungs:  # a capacity ladder: each attempt priced on its own rung's service and region
+            spend.rung_of = lambda record: rung_place(self, runner, record)
+            spend.rung_places = rung_places(self, plan.rungs)
         return runner
 
     def _run(self, context: Context, plan: Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
@@ -407,6 +423,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 engine.before_submit(step)
                 step = Wait(self._submit(context, plan, runner, step))
                 continue
+            self._handle, self._backend = step.record.handle, runner.backend_for(step.record)  # on_kill stops this one
             if self.deferrable:
                 self._defer(plan, runner, step.record, deadline)
             try:
@@ -476,12 +493,14 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
 
     def _submit(self, context: Context, plan: Plan, runner: AttemptRunner, step: Submit) -> AttemptRecord:
-        resume_from = latest_checkpoint(plan.backend, plan.checkpoint_uri)
+        backend = runner.backend_for_rung(step.rung)  # a capacity ladder's rung, else the task's backend
+        resume_from = latest_checkpoint(backend, plan.checkpoint_uri)
         request = attempt_request(self, self._task_key(context), plan, runner, step, resume_from)
-        handle = self._handle = plan.backend.submit(request)
+        handle = self._handle = backend.submit(request)
+        self._backend = backend
         self.log.info(
             "Submitted %s job %s (attempt %d, %s capacity, %s GPU(s) x %d node(s)), %s; env keys: %s",
-            plan.backend.name,
+            backend.name if step.rung is None else f"{backend.name} (ladder rung {step.rung})",
             handle.job_id,
             step.attempt,
             f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity,
@@ -494,9 +513,11 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if record is None:
             record = AttemptRecord.new(handle, resume_from=resume_from, try_number=plan.try_number)
             record.instance_choice = record.instance_type = step.instance_type
+            if step.rung is not None:  # where the attempt runs, so that every later step reads and stops it there
+                record.rung, record.backend_spec, record.service = step.rung, backend.spec(), backend.service or None
             runner.engine.records.append(record)
         runner.persist()
-        self._publish_link(context, plan.backend, handle)
+        self._publish_link(context, backend, handle)
         return record
 
     def _task_key(self, context: Context) -> TaskKey:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +187,13 @@ class SpendControl:
         except Exception:  # no region configured anywhere: priced in the default region, and said so
             self._region = None
         self._warned: set[str] = set()
+        #: a capacity ladder's rungs: the backend and resources an attempt is priced with, ``None`` for the
+        #: task's own (set by the operator; every attempt is priced on the service and region it ran in)
+        self.rung_of: Callable[[AttemptRecord], tuple[Backend, GpuResources] | None] = lambda record: None
+        #: a capacity ladder's rungs, in order: the backend, resources and capacity of each (the worst case of a
+        #: submit is the dearest rung's price; a step is priced on its own rung)
+        self.rung_places: list[tuple[Backend, GpuResources, str]] = []
+        self._rung_regions: dict[str, str | None] = {}
 
     @classmethod
     def from_config(
@@ -220,6 +227,32 @@ class SpendControl:
                 self.log.warning("No cost estimate: %s", err)
             return None
 
+    def place_price(
+        self, backend: Backend, resources: GpuResources, capacity: str, instance_type: str | None = None
+    ) -> Price:
+        """The price of an attempt on ``backend`` (a capacity ladder's rung: its catalog and region)."""
+        key = repr(sorted(backend.spec().items()))
+        if key not in self._rung_regions:
+            try:
+                self._rung_regions[key] = backend.price_region()
+            except Exception:  # no region configured: the default region's price, as for the task's backend
+                self._rung_regions[key] = None
+        region = self._rung_regions[key]
+        return self.book.job_price(resources, capacity, region, backend.price_catalog, instance_type=instance_type)
+
+    def attempt_price(self, record: AttemptRecord) -> Price | None:
+        """The price of ``record``'s attempt: on its own rung's backend and region under a capacity ladder."""
+        place = self.rung_of(record)
+        if place is None:
+            return self._price_or_none(record.capacity, record.instance_type)
+        try:
+            return self.place_price(*place, record.capacity, record.instance_type)
+        except PriceNotFoundError as err:
+            if str(err) not in self._warned:
+                self._warned.add(str(err))
+                self.log.warning("No cost estimate: %s", err)
+            return None
+
     def attempts_allowed(self) -> int:
         return 1 + self.policy.max_interruptions + self.retries
 
@@ -227,6 +260,10 @@ class SpendControl:
         """USD the run may cost at most if this submit goes ahead, and the arithmetic in words
         (only with a max runtime: without one the worst case has no bound)."""
         prices = [self.price(capacity) for capacity in sorted(self.policy.may_use)]
+        if self.rung_places:  # a capacity ladder: every rung at its own service's price
+            prices = [
+                self.place_price(backend, resources, capacity) for backend, resources, capacity in self.rung_places
+            ]
         dearest = max(prices, key=lambda p: p.usd_per_gpu_hour)
         spent = sum(r.cost_usd or 0.0 for r in records)
         left = max(1, self.attempts_allowed() - len(records))
@@ -308,6 +345,11 @@ class SpendControl:
         bounded = 0.0
         if self.max_runtime_s:
             price = self._price_or_none(step.capacity, step.instance_type)  # the type chosen, if one was
+            if step.rung is not None and 0 <= step.rung < len(self.rung_places):  # a ladder's rung: its own price
+                try:
+                    price = self.place_price(*self.rung_places[step.rung][:2], step.capacity, step.instance_type)
+                except PriceNotFoundError:
+                    price = None
             if price is not None:
                 bounded = price.usd_per_gpu_hour * self.resources.total_gpus * self.max_runtime_s / 3600.0
         if spent + bounded > budget:
@@ -320,7 +362,7 @@ class SpendControl:
     def on_status(self, record: AttemptRecord, status: JobStatus) -> None:
         """Price the attempt from its latest sample; when it has ended, report it once."""
         record.nodes = self.resources.nodes
-        price = self._price_or_none(record.capacity, record.instance_type)
+        price = self.attempt_price(record)
         if price is not None:
             record.price = price.to_dict()
             record.cost_usd = round(
@@ -342,11 +384,12 @@ class SpendControl:
 
     def report(self, record: AttemptRecord) -> None:
         """The attempt's cost line in the task log, its metrics, and the team's month."""
-        self.log.info("%s", cost_line(self.backend.name, record))
+        backend_name = record.handle.backend or self.backend.name  # the attempt's own (a ladder's rung)
+        self.log.info("%s", cost_line(backend_name, record))
         if self.emit_metrics:
             from gpu_provider.spend.metrics import emit_attempt
 
-            emit_attempt(record, team=self.team, backend=self.backend.name)
+            emit_attempt(record, team=self.team, backend=backend_name)
         if self.ledger is not None and self.team and record.cost_usd:
             try:
                 self.ledger.add(self.team, record.cost_usd)

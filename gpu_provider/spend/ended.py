@@ -65,7 +65,7 @@ def record_end(
         return record  # its end is written already
     from gpu_provider.engine.runner import poll_one
 
-    ended = end_status(poll_one(runner.backend, handle, timeout=timeout), state, reason)
+    ended = end_status(poll_one(runner.backend_for(record), handle, timeout=timeout), state, reason)
     runner.engine.saw(record, ended)
     run_bounded("save-attempts", runner.persist, timeout=timeout)
     return record

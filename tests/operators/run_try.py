@@ -9,7 +9,8 @@ Airflow's task runner does.
 
 Usage: run_try.py SPEC_JSON OUT_JSON — the spec gives state_dir, command, try_number, store,
 run_id and poll_interval; optionally ``backend`` (a backend in mapping form, ``Backend.spec()``,
-instead of the local backend on ``state_dir``) and ``image``. It writes ``OUT_JSON.pid-ready`` once
+instead of the local backend on ``state_dir``), ``image``, ``checkpoint`` and ``ladder`` (a capacity
+ladder's rungs, ``LadderRung`` arguments, instead of ``backend``). It writes ``OUT_JSON.pid-ready`` once
 the SIGTERM handler is in place.
 """
 
@@ -60,9 +61,16 @@ def main() -> None:
     from gpu_provider.operators import GpuJobOperator
 
     backend = spec.get("backend") or LocalBackend(state_dir=spec["state_dir"], grace_period=1)
+    capacity = None
+    if spec.get("ladder"):  # a capacity ladder: its rungs name the backends
+        from gpu_provider import Ladder, LadderRung
+
+        capacity, backend = Ladder(*[LadderRung(**rung) for rung in spec["ladder"]], backoff=0), None
     op = GpuJobOperator(
         task_id="job",
         backend=backend,
+        capacity=capacity,
+        checkpoint=spec.get("checkpoint"),
         command=spec["command"],
         image=spec.get("image"),
         poll_interval=spec["poll_interval"],

@@ -259,3 +259,33 @@ def test_an_attempt_shows_the_instance_type_that_ran_and_its_hourly_price() -> N
     )
     (shown,) = data.recent(data.attempts_of([row(ran)], {}, NOW), NOW, offset=0, limit=5)["attempts"]
     assert (shown["instance_type"], shown["usd_per_hour"], shown["cost_usd"]) == ("g6e.48xlarge", 30.13, 30.13)
+
+
+def test_a_ladders_attempts_show_their_own_service_and_region_and_link_there() -> None:
+    """A capacity ladder's attempts ran on several services: each row names its backend, service and region, and
+    its console link is built by its own rung's backend (another region's console), not the page's default."""
+    from gpu_provider.plugins.ui.app import _add_links
+
+    spec = {"name": "sagemaker", "region_name": "us-west-2", "role_arn": "arn:aws:iam::123456789012:role/r"}
+    batch = record("b1", state=JobState.PREEMPTED, end=NOW - 2 * HOUR + 60, interruption="preempted", rung=0)
+    batch.handle = JobHandle("batch", "b1", "b1", 1, "spot", NOW - 3 * HOUR, {"region": "us-east-1"})
+    west = record("w2", attempt=2, capacity="on-demand", rung=1, backend_spec=spec, service="Amazon SageMaker")
+    west.handle = JobHandle("sagemaker", "w2", "gp-w2", 2, "on-demand", NOW - 2 * HOUR)
+    old = record("o3")  # a record written before ladders: no service, region or rung
+    page = data.recent(data.attempts_of([row(batch, west), row(old, dag_id="e")], {}, NOW), NOW, offset=0, limit=5)
+    shown = {a["job_id"]: a for a in page["attempts"]}
+    assert (shown["w2"]["backend"], shown["w2"]["service"], shown["w2"]["region"], shown["w2"]["rung"]) == (
+        "sagemaker",
+        "Amazon SageMaker",
+        "us-west-2",
+        1,
+    )
+    assert (shown["b1"]["backend"], shown["b1"]["rung"], shown["o3"]["service"], shown["o3"]["region"]) == (
+        "batch",
+        0,
+        None,
+        None,
+    )
+    rows = [shown["w2"]]
+    _add_links(rows)
+    assert "_spec" not in rows[0] and "us-west-2" in str(rows[0]["console_url"]), rows[0]

@@ -12,6 +12,7 @@ roles). A user who may read every DAG also sees the live jobs of DAGs Airflow do
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -182,11 +183,14 @@ def _links(row: dict[str, Any], backends: dict[str, Any]) -> dict[str, Any]:
 
     console = logs = None
     extra = row.pop("_extra", None) or {}
+    spec = row.pop("_spec", None)
     try:
         name = str(row["backend"])
-        if name not in backends:
-            backends[name] = _backend(name)
-        backend = backends[name]
+        key = json.dumps(spec, sort_keys=True, default=str) if spec else name
+        if key not in backends:
+            # a capacity ladder's attempt links to its own rung's backend (another region's console)
+            backends[key] = _rung_backend(spec) if spec else _backend(name)
+        backend = backends[key]
         handle = JobHandle(
             backend=str(row["backend"]),
             job_id=str(row["job_id"]),
@@ -200,6 +204,12 @@ def _links(row: dict[str, Any], backends: dict[str, Any]) -> dict[str, Any]:
     except Exception:  # a link is a convenience: a backend that cannot build one shows none
         pass
     return {"console_url": console, "logs_url": logs}
+
+
+def _rung_backend(spec: dict[str, Any]) -> Any:
+    from gpu_provider.backends.base import resolve_backend
+
+    return resolve_backend(spec)
 
 
 def _backend(name: str) -> Any:

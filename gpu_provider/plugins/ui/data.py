@@ -157,6 +157,10 @@ class Attempt:
             "ti_state": row.ti_state,
             "team": self.team,
             "backend": r.handle.backend,
+            # where the attempt ran under a capacity ladder (a rung on another service or region); None otherwise
+            "service": r.service,
+            "region": (r.backend_spec or {}).get("region_name"),
+            "rung": r.rung,
             "job_id": r.job_id,
             "job_name": r.name,
             "attempt": r.attempt,
@@ -182,6 +186,7 @@ class Attempt:
             "cost_usd": self.cost_at(now),
             "live": live is not None,
             "_extra": dict(r.handle.extra),  # for the job's links; the API drops it
+            "_spec": dict(r.backend_spec) if r.backend_spec else None,  # the attempt's own backend, for its links
         }
 
 

@@ -125,6 +125,11 @@
     fill(document.querySelector("#teams tbody"), rows, 8, "No GPU pools and no GPU attempts in the last 30 days.");
   }
 
+  // the backend an attempt ran on, with its region where a capacity ladder's rung named one
+  function backendText(r) {
+    return r.region ? `${r.backend} (${r.region})` : r.backend;
+  }
+
   // the capacity tag, then the instance type that ran and its hourly price, where known
   function capacityCell(r) {
     const type = r.instance_type
@@ -135,7 +140,7 @@
 
   function renderRunning(data) {
     const rows = data.running.map((r) => el("tr", { "data-job": r.job_id },
-      taskCell(r), teamCell(r.team), el("td", null, r.backend), el("td", null, ...capacityCell(r)),
+      taskCell(r), teamCell(r.team), el("td", null, backendText(r)), el("td", null, ...capacityCell(r)),
       el("td", null, r.state + (r.live ? "" : " (recorded)")),
       el("td", { class: "num" }, `${r.gpus_per_node} × ${r.nodes}`),
       el("td", { class: "num" }, r.running_for_s === null ? "queued" : duration(r.running_for_s)),
@@ -158,7 +163,7 @@
   function renderRecent(data) {
     const rows = data.attempts.map((r) => el("tr", { "data-job": r.job_id, "data-end": r.end },
       el("td", { class: "when" }, when(r.ended_at)), taskCell(r), teamCell(r.team),
-      el("td", { class: "attempt" }, `#${r.attempt} `, r.backend, " ", ...capacityCell(r)),
+      el("td", { class: "attempt" }, `#${r.attempt} `, backendText(r), " ", ...capacityCell(r)),
       el("td", { class: `end end-${r.end}` }, r.end.replace(/_/g, " ") +
         (typeof r.spot_return_saving_usd === "number" ? ` (saves ~$${r.spot_return_saving_usd.toFixed(2)})` : "")),
       el("td", { class: "reason" }, r.reason || ""), el("td", { class: "num" }, hours(r.gpu_hours)),
