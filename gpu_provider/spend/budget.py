@@ -11,7 +11,8 @@ The worst case of a submit, in USD::
 
     spent by the earlier attempts of this run
     + price per GPU-hour (the dearest capacity the policy may use) x GPUs (all nodes)
-      x max runtime in hours x attempts left (1 + max_interruptions + retries, less those made)
+      x max runtime in hours x attempts left (1 + max_interruptions + max_node_faults
+      + spot_return.max_moves + retries, less those made)
 
 Team monthly budgets (``[gpu_provider] team_monthly_budget_usd``, JSON ``{"team": USD}``, and the
 ``monthly_budget_usd`` of the teams in the ``[gpu_provider] quota_file``; the former wins for a team
@@ -253,8 +254,16 @@ class SpendControl:
                 self.log.warning("No cost estimate: %s", err)
             return None
 
+    def attempt_terms(self) -> list[tuple[str, int]]:
+        """What bounds a run's attempts: every interruption, GPU hardware fault and planned move back to spot
+        the policy absorbs is one more attempt, each Airflow retry another."""
+        terms = [("max_interruptions", self.policy.max_interruptions), ("max_node_faults", self.policy.max_node_faults)]
+        if self.policy.spot_return is not None:
+            terms.append(("spot_return.max_moves", self.policy.spot_return.max_moves))
+        return [*terms, ("retries", self.retries)]
+
     def attempts_allowed(self) -> int:
-        return 1 + self.policy.max_interruptions + self.retries
+        return 1 + sum(count for _, count in self.attempt_terms())
 
     def worst_case(self, step: Submit, records: Sequence[AttemptRecord]) -> tuple[float, str]:
         """USD the run may cost at most if this submit goes ahead, and the arithmetic in words
@@ -271,11 +280,12 @@ class SpendControl:
         gpus = self.resources.total_gpus
         per_attempt = dearest.usd_per_gpu_hour * gpus * hours
         total = spent + per_attempt * left
+        bounds = " + ".join(f"{name} {count}" for name, count in self.attempt_terms())
         text = (
             f"${dearest.usd_per_gpu_hour:.4f}/GPU-hour ({dearest.instance_type} {dearest.capacity}"
             f"{' in ' + dearest.region if dearest.region else ''}, {dearest.source}) x {gpus:g} GPU(s) x "
-            f"{hours:.2f} h max runtime x {left} attempt(s) left of {self.attempts_allowed()} (1 + max_interruptions "
-            f"{self.policy.max_interruptions} + retries {self.retries}) + ${spent:.2f} spent by earlier attempts "
+            f"{hours:.2f} h max runtime x {left} attempt(s) left of {self.attempts_allowed()} (1 + "
+            f"{bounds}) + ${spent:.2f} spent by earlier attempts "
             f"= ${total:.2f}"
         )
         return total, text

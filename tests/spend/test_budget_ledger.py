@@ -103,3 +103,29 @@ def test_budget_fail_closed_refuses_the_task_before_any_submit(harness: Harness)
     assert run.task()["state"] == "failed", run.log[-4000:]
     assert "cannot be checked" in run.log and "budget_fail_closed = True refuses" in run.log, run.log[-4000:]
     assert LocalBackend(state_dir=str(harness.state_dir)).list_jobs() == []  # nothing was submitted
+
+
+def test_the_worst_case_counts_every_attempt_the_policy_may_start(tmp_path: Path) -> None:
+    """Node faults and planned moves back to spot start attempts too: a worst case that counted only
+    ``max_interruptions`` and retries was below what the run could spend (6 attempts counted as 4 here)."""
+    from gpu_provider import SpotFallback, SpotReturn
+
+    policy = SpotFallback(
+        max_interruptions=2,
+        max_node_faults=1,
+        spot_return=SpotReturn(max_moves=2, instance_types=["p4d.24xlarge"]),
+    )
+    control = SpendControl(
+        LocalBackend(state_dir=str(tmp_path / "state")),
+        GpuResources(gpus=1),
+        policy,
+        log=logging.getLogger("test.worst"),
+        max_runtime_s=3600,
+        retries=1,
+        book=PriceBook(local_gpu_hour_usd=1.0),
+        emit_metrics=False,
+    )
+    total, text = control.worst_case(Submit(1, "spot"), [])
+    assert total == pytest.approx(1.0 * 1 * 1.0 * 7), text
+    assert "7 attempt(s) left of 7 (1 + max_interruptions 2 + max_node_faults 1 + spot_return.max_moves 2 + " in text
+    assert "retries 1)" in text

@@ -130,11 +130,11 @@ def test_worst_case_over_budget_never_submits_and_a_priced_batch_job_costs_the_t
     run = harness.run(dag, "spend_batch")
     refused, priced = run.task("too_dear"), run.task("priced")
     assert refused["state"] == "failed" and refused["try_number"] == 1
-    # the arithmetic: g5.12xlarge $5.672/h / 4 GPUs x 4 GPUs x 2 h x (1 + 3 interruptions + 0 retries)
+    # the arithmetic: g5.12xlarge $5.672/h / 4 GPUs x 4 GPUs x 2 h x (1 + 3 interruptions + 2 node faults + 0 retries)
     assert (
         "Not submitting attempt 1: its worst case passes max_cost_usd=$40.00: $1.4180/GPU-hour (g5.12xlarge "
-        "on-demand in us-east-1, shipped table (2026-12-03)) x 4 GPU(s) x 2.00 h max runtime x 4 attempt(s) left "
-        "of 4 (1 + max_interruptions 3 + retries 0) + $0.00 spent by earlier attempts = $45.38"
+        "on-demand in us-east-1, shipped table (2026-12-03)) x 4 GPU(s) x 2.00 h max runtime x 6 attempt(s) left "
+        "of 6 (1 + max_interruptions 3 + max_node_faults 2 + retries 0) + $0.00 spent by earlier attempts = $68.06"
     ) in run.log, run.log[-4000:]
     submitted = [b["jobName"] for b in batch.bodies("SubmitJob")]
     assert len(submitted) == 1 and "-priced-" in submitted[0], submitted
