@@ -7,7 +7,16 @@ short: pods ``Pending``), and then runs triggerer processes in which N triggers 
 those jobs in one asyncio event loop, as Airflow's triggerer runs them:
 
 - **ours**: N ``GpuJobTrigger`` (what ``GpuJobOperator(deferrable=True)`` defers to), sharing one
-  poller per backend;
+  poller per backend, with the event sources off (polling every interval);
+- **ours, events on** (issue 29, ``docs/how-to/events.md``; at the largest N unless ``--events-jobs``
+  says): the same triggers, the poller also listening to the service (Batch and SageMaker: the
+  EventBridge rule of ``gpu-provider events render`` delivering state changes to an SQS queue the poller
+  long-polls, ``WaitTimeSeconds`` 20; Kubernetes: one pod watch per namespace), its regular poll slowed to
+  the backstop (``[gpu_provider] event_backstop_interval``, 60 s; ``--quick``: 4 intervals, with 4 s long
+  polls). Its calls are the backstop polls plus the queue's long polls (or the watch's requests). The
+  queue is purged before its group starts (the submissions' events are not what waiting costs: no
+  waiting job changes, so no event comes). Its window is one backstop period (at least ``--window``),
+  opening half a period after one of its polls: it holds exactly one backstop poll;
 - **anchor**: N ``BatchJobTrigger`` (``BatchOperator(deferrable=True)``), N ``SageMakerTrigger``
   (``SageMakerTrainingOperator(deferrable=True)``), or N ``KubernetesPodTrigger``
   (``KubernetesPodOperator(deferrable=True)``; its defaults, except ``startup_check_interval`` =
@@ -45,9 +54,10 @@ kubernetes_asyncio clients sent, retries included, read at both ends of the wind
 emulator cannot keep up, the first is what it served, the second what the triggerer sent.
 
 Usage: ``python benchmarks/polling.py [--quick] [--backends batch sagemaker kubernetes] [--jobs 100 1000]
-[--interval S] [--window S] [--warmup-max S]`` (``make bench`` runs ``--quick``: 100 jobs, 2 s interval,
-8 s window, about a minute). The full mode (100 and 1,000 jobs on every backend, 10 s interval, 30 s
-window) runs the backends one after another, under 10 minutes on 2 cores; ``--backends X`` runs one.
+[--events-jobs N ...] [--interval S] [--window S] [--warmup-max S] [--backstop S]`` (``make bench`` runs
+``--quick``: 100 jobs, 2 s interval, 8 s window, events on with an 8 s backstop, about a minute). The full
+mode (100 and 1,000 jobs on every backend, 10 s interval, 30 s window, events on at 1,000 with the 60 s
+backstop and a 60 s window) runs the backends one after another; ``--backends X`` runs one.
 """
 
 from __future__ import annotations
@@ -74,12 +84,20 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._anchor_env import anchor_pythonpath, aws_env, kubernetes_env, kubernetes_pod_trigger  # noqa: E402
+from benchmarks._events import EVENTS_OFF, events_on, wire_aws_events  # noqa: E402
 
 ANCHORS = {
     "batch": "BatchJobTrigger",
     "sagemaker": "SageMakerTrigger",
     "kubernetes": "KubernetesPodTrigger",
 }
+#: the side of ours with its backend's event source on (``ours`` polls only)
+EVENTS_SIDE = "ours-events"
+
+
+def is_poll(action: str) -> bool:
+    """Whether a request is a status poll (not an event queue's read, not a watch)."""
+    return not action.startswith(("sqs:", "watch "))
 
 
 # ------------------------------------------------------------------------------------------ the triggerer
@@ -181,7 +199,7 @@ def triggerer(args: argparse.Namespace) -> int:
     """The child: N triggers in one event loop until killed; prints each event that fires (none should)."""
     count_at_client(args.kind, args.side)
     spec = json.loads(Path(args.child_input).read_text())
-    make = _ours if args.side == "ours" else None
+    make = _ours if args.side in ("ours", EVENTS_SIDE) else None
     triggers = (
         make(spec["backend"], spec["handles"], args.interval)
         if make
@@ -215,6 +233,8 @@ class World:
     requests: Callable[..., list[dict[str, Any]]]  # the emulator's request log (``since=``: only the newer)
     ids_in: Callable[[dict[str, Any]], list[str]]  # the job ids a request names
     submit: Callable[[int], dict[str, Any]]  # the i-th waiting job's handle
+    events_env: dict[str, str]  # what turns our event source on
+    purge: Callable[[], None] = lambda: None  # empty the event queue (AWS)
 
 
 def _identity(i: int) -> Any:
@@ -244,6 +264,7 @@ def world(kind: str, root: Path) -> Iterator[World]:
                 request = JobRequest(_identity(i), ("true",), {}, GpuResources(), "spot", image="x")
                 return backend.submit(request).to_dict()  # type: ignore[no-any-return]
 
+            url = wire_aws_events(emulator.client, "batch", "bench-batch-events")
             yield World(
                 kind,
                 lambda client: dict(env, AWS_ACCESS_KEY_ID=client),
@@ -251,6 +272,8 @@ def world(kind: str, root: Path) -> Iterator[World]:
                 emulator.requests,
                 lambda r: list(r["body"].get("jobs") or []) if r["action"] == "DescribeJobs" else [],
                 submit,
+                events_on("batch", url),
+                lambda: emulator.client("sqs").purge_queue(QueueUrl=url),
             )
             emulator.release(setup.spot_queue)
     elif kind == "sagemaker":
@@ -274,8 +297,16 @@ def world(kind: str, root: Path) -> Iterator[World]:
                 name = r["body"].get("TrainingJobName") if isinstance(r["body"], dict) else None
                 return [name] if r["action"] == "DescribeTrainingJob" and name else []
 
+            url = wire_aws_events(emulator.client, "sagemaker", "bench-sagemaker-events")
             yield World(
-                kind, lambda client: dict(env, AWS_ACCESS_KEY_ID=client), backend, emulator.requests, named, submit
+                kind,
+                lambda client: dict(env, AWS_ACCESS_KEY_ID=client),
+                backend,
+                emulator.requests,
+                named,
+                submit,
+                events_on("sagemaker", url),
+                lambda: emulator.client("sqs").purge_queue(QueueUrl=url),
             )
             emulator.stop_all("benchmark done")
     else:
@@ -301,7 +332,7 @@ def world(kind: str, root: Path) -> Iterator[World]:
             def env_for(client: str) -> dict[str, str]:
                 return kubernetes_env(emulator.kubeconfig(root / f"kubeconfig-{client}", token=client))
 
-            yield World(kind, env_for, backend, emulator.requests, named, submit)
+            yield World(kind, env_for, backend, emulator.requests, named, submit, events_on("kubernetes"))
             emulator.reset()
 
 
@@ -357,6 +388,8 @@ class Run:
     started: float
     wanted: set[str]
     client: str = ""
+    period: float = 0.0  # seconds between its regular polls (the interval; events on: the backstop)
+    window: float = 0.0  # its measured window
     state: str = "warming"  # -> aligning -> measuring -> done
     seen: set[str] = field(default_factory=set)
     calls: list[tuple[float, str]] = field(default_factory=list)  # (wall time, action) of its requests at the emulator
@@ -371,11 +404,17 @@ class Run:
     result: Result | None = None
 
 
-def _start(w: World, side: str, n: int, handles: list[dict[str, Any]], interval: float, root: Path) -> Run:
+def _start(
+    w: World, side: str, n: int, handles: list[dict[str, Any]], interval: float, root: Path, tuning: dict[str, str]
+) -> Run:
     client = f"{side}-{n}"
     spec_file = root / f"{w.kind}-{client}.json"
     spec_file.write_text(json.dumps({"backend": w.backend.spec(), "handles": handles[:n]}))
     env = dict(os.environ, **w.env_for(client))
+    if side == "ours":
+        env.update(EVENTS_OFF)
+    elif side == EVENTS_SIDE:
+        env.update(w.events_env, **tuning)
     path = [str(REPO)]
     if side == "anchor" and w.kind in ("batch", "sagemaker"):
         path.insert(0, anchor_pythonpath())
@@ -402,9 +441,9 @@ def _step(w: World, run: Run, interval: float, window: float, warmup_max: float)
     now = time.monotonic()
     if run.state == "warming":
         run.cpu.append((now, _cpu_seconds(run.proc.pid)))
-        lists = run.side == "ours" and w.kind == "kubernetes"  # one list of pods per tick names none
+        lists = run.side != "anchor" and w.kind == "kubernetes"  # one list of pods per tick names none
         every = run.wanted <= run.seen or lists
-        if every and (run.side == "anchor" or len(run.calls) >= 2):  # ours: two ticks, too
+        if every and (run.side == "anchor" or sum(is_poll(a) for _, a in run.calls) >= 2):  # ours: two polls, too
             run.warmup_end = "every job asked about"
         elif now - run.started > warmup_max:  # measure what it does anyway, and say how far it had got
             run.warmup_end = (
@@ -415,14 +454,17 @@ def _step(w: World, run: Run, interval: float, window: float, warmup_max: float)
             return
         run.warmup, run.after, run.state = now - run.started, time.time(), "aligning"
     if run.state == "aligning":  # the window opens half an interval after its next request: whole ticks
-        nxt = next((t for t, _ in run.calls if t > run.after), None)
-        if nxt is None or time.time() < nxt + interval / 2:
+        if run.side == EVENTS_SIDE:  # half a backstop period after one of its polls (its long polls run anyway)
+            nxt = next((t for t, a in run.calls if is_poll(a) and t + run.period / 2 >= run.after), None)
+        else:
+            nxt = next((t for t, _ in run.calls if t > run.after), None)
+        if nxt is None or time.time() < nxt + run.period / 2:
             return
         run.t0, run.wall0, run.cpu0 = now, time.time(), _cpu_seconds(run.proc.pid)
         run.client0 = _client_calls(run.proc, run.out, 1)
         run.state = "measuring"
         return
-    if run.state == "measuring" and now - run.t0 >= window:
+    if run.state == "measuring" and now - run.t0 >= run.window:
         sent, answered = _client_calls(run.proc, run.out, 2)
         cpu, t1, wall1 = _cpu_seconds(run.proc.pid), time.monotonic(), time.time()
         minutes = (t1 - run.t0) / 60
@@ -453,6 +495,8 @@ def measure_group(
     window: float,
     warmup_max: float,
     root: Path,
+    backstop: float = 0.0,
+    tuning: dict[str, str] | None = None,
 ) -> dict[tuple[str, int], Result]:
     """Start a triggerer for each ``(side, n)`` at once, each with its own client identity (the emulator
     records who sent each request); each one's window opens when it has warmed up, and every process
@@ -462,7 +506,9 @@ def measure_group(
     by_client: dict[str, Run] = {}
     try:
         for side, n in runs:
-            run = _start(w, side, n, handles, interval, root)
+            run = _start(w, side, n, handles, interval, root, tuning or {})
+            run.period = max(interval, backstop) if side == EVENTS_SIDE else interval
+            run.window = max(window, run.period)
             group.append(run)
             by_client[run.client] = run
         while any(run.state != "done" for run in group):
@@ -524,6 +570,19 @@ def main() -> int:
     parser.add_argument(
         "--warmup-max", type=float, default=None, help="cut a warm-up after this (s; default 90, --quick 60)"
     )
+    parser.add_argument(
+        "--events-jobs",
+        type=int,
+        nargs="*",
+        default=None,
+        help="N at which ours also runs with events on (default: the largest)",
+    )
+    parser.add_argument(
+        "--backstop",
+        type=float,
+        default=None,
+        help="events on: the backstop poll (s; default the product's 60, --quick 4 intervals)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--side", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--child-input", default=None, help=argparse.SUPPRESS)
@@ -537,9 +596,22 @@ def main() -> int:
     interval = args.interval or (2.0 if args.quick else 10.0)
     window = args.window or (8.0 if args.quick else 30.0)
     warmup_max = args.warmup_max or (60.0 if args.quick else 90.0)
+    events_jobs = set(args.events_jobs if args.events_jobs is not None else [max(jobs)])
+    tuning: dict[str, str] = {}  # events on: the product's defaults, but for --quick or --backstop
+    if args.backstop or args.quick:
+        tuning["AIRFLOW__GPU_PROVIDER__EVENT_BACKSTOP_INTERVAL"] = f"{args.backstop or 4 * interval:g}"
+    if args.quick:
+        tuning["AIRFLOW__GPU_PROVIDER__AWS_EVENTS_WAIT_SECONDS"] = f"{max(1, min(20, round(2 * interval)))}"
+    from gpu_provider.triggers.gpu_job import event_backstop_interval
+
+    os.environ.update(tuning)
+    backstop = event_backstop_interval()  # what the events-on triggerer will use
+    for key in tuning:
+        del os.environ[key]
     if "batch" in args.backends or "sagemaker" in args.backends:
         anchor_pythonpath()  # build the aiobotocore overlay before any timing
     rows = []
+    loads: dict[tuple[str, int], float] = {}
     took: dict[str, float] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpu-bench-poll-") as tmp:
@@ -552,9 +624,21 @@ def main() -> int:
                 for n in sorted(jobs):  # as many jobs waiting in the service as the row says
                     t1 = time.monotonic()
                     handles += [w.submit(i) for i in range(len(handles), n)]
-                    print(f"  {kind}: {n} jobs waiting ({time.monotonic() - t1:.0f} s to submit)", flush=True)
+                    load = os.getloadavg()[0]
+                    loads[(kind, n)] = load
+                    print(
+                        f"  {kind}: {n} jobs waiting ({time.monotonic() - t1:.0f} s to submit), load average "
+                        f"{load:.2f} (1 min)",
+                        flush=True,
+                    )
                     group = [("ours", n), ("anchor", n)]
-                    for (side, _), r in measure_group(w, group, handles, interval, window, warmup_max, root).items():
+                    if n in events_jobs:
+                        w.purge()
+                        group.append((EVENTS_SIDE, n))
+                    measured = measure_group(
+                        w, group, handles, interval, window, warmup_max, root, backstop=backstop, tuning=tuning
+                    )
+                    for (side, _), r in measured.items():
                         rows.append((kind, n, side, r))
                         print(
                             f"  {kind} {n} {side}: {r.calls_per_min:.0f} calls/min at the emulator, "
@@ -588,6 +672,37 @@ def main() -> int:
                 f"{_ratio(a.client_sent_per_min, o.client_sent_per_min)} | "
                 f"{o.cpu_s_per_min:.2f} | {a.cpu_s_per_min:.2f} | {o.peak_rss_mb:.0f} | {a.peak_rss_mb:.0f} | "
                 f"{ANCHORS[kind]} |"
+            )
+    events_rows = [(k, n) for k in args.backends for n in sorted(jobs) if (k, n, EVENTS_SIDE) in by]
+    if events_rows:
+        print(
+            f"Events on (ours with the event source on, in the same run, at once with the two above; backstop poll "
+            f"every {backstop:g} s; its window {max(window, backstop):g} s):"
+        )
+        print(
+            "| backend | waiting | load (1 min) | ours events on calls/min (emulator / client) | its calls by kind "
+            "| ours events off (emulator / client) | anchor (emulator / client) | anchor / events on (emulator) "
+            "| events on CPU s/min | events on peak RSS MB |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for kind, n in events_rows:
+            e, o, a = by[(kind, n, EVENTS_SIDE)], by[(kind, n, "ours")], by[(kind, n, "anchor")]
+            kinds = ", ".join(
+                f"{action} {count * 60 / max(window, backstop):.0f}" for action, count in sorted(e.actions.items())
+            )
+            print(
+                f"| {kind} | {n} | {loads[(kind, n)]:.2f} | {e.calls_per_min:.0f} / {e.client_sent_per_min:.0f} | "
+                f"{kinds} | {o.calls_per_min:.0f} / {o.client_sent_per_min:.0f} | "
+                f"{a.calls_per_min:.0f} / {a.client_sent_per_min:.0f} | {_ratio(a.calls_per_min, e.calls_per_min)} | "
+                f"{e.cpu_s_per_min:.2f} | {e.peak_rss_mb:.0f} |"
+            )
+        for kind, n in events_rows:
+            e, o = by[(kind, n, EVENTS_SIDE)], by[(kind, n, "ours")]
+            worst = max(e.calls_per_min, e.client_sent_per_min)
+            off = max(o.calls_per_min, o.client_sent_per_min)
+            print(
+                f"target ({kind}, {n} waiting): events on no more calls/min than events off: {worst:.0f} vs "
+                f"{off:.0f} (the larger of emulator and client counts) -> {'met' if worst <= off else 'missed'}"
             )
     ideal = {n: n * 60 / interval for n in jobs}
     print(f"one call per job per interval would be: {', '.join(f'{v:.0f}/min at {n}' for n, v in ideal.items())}")

@@ -39,3 +39,19 @@ def test_the_recovery_benchmark_reads_where_each_training_job_started_and_stoppe
     assert steps_of(fresh) == (0, 47)
     assert steps_of(resumed) == (47, 200)
     assert steps_of(killed) == (0, 40)  # SIGKILL: the last progress line is all the log says
+
+
+def test_the_latency_benchmarks_jobs_end_their_log_with_the_marker_unless_plain() -> None:
+    """Figure 3's jobs run under the runtime helper, whose end-of-log marker ends our log reading at once;
+    ``--plain`` jobs print none (ours then waits for quiet log reads)."""
+    import subprocess
+
+    from benchmarks.latency import job_command
+    from gpu_provider.runtime.output import parse_end_of_log
+
+    for plain, markers in ((False, 1), (True, 0)):
+        lines = subprocess.run(job_command(0.0, plain), capture_output=True, text=True, check=True).stdout.splitlines()
+        assert lines[0] == "started" and "finished" in lines
+        ends = [end for end in map(parse_end_of_log, lines) if end is not None]
+        assert len(ends) == markers
+        assert all((end.node, end.nnodes, end.exit_code) == (0, 1, 0) for end in ends)

@@ -167,3 +167,18 @@ def test_a_bad_queue_setting_is_refused_with_the_setting_named(monkeypatch: pyte
         SageMakerBackend(role_arn="arn:aws:iam::123456789012:role/x", output_path="s3://models/out").event_source()
         is None
     )
+
+
+@pytest.mark.parametrize("world", ["batch", "sagemaker"])
+def test_the_emulators_record_each_queue_read_with_the_client_that_signed_it(
+    world: str, request: pytest.FixtureRequest
+) -> None:
+    """The polling benchmark counts an events-on triggerer's long polls at the emulator, told apart by client."""
+    emulator = request.getfixturevalue(world).emulator
+    url = emulator.client("sqs").create_queue(QueueName=f"gpu-events-counted-{world}")["QueueUrl"]
+    before = len(emulator.requests())
+    for key in ("reader-a", "reader-b"):
+        sqs = emulator.client("sqs", aws_access_key_id=key, aws_secret_access_key="x")
+        sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, WaitTimeSeconds=0)
+    reads = [r for r in emulator.requests(since=before) if r["action"] == "sqs:ReceiveMessage"]
+    assert [(r["client"], r["body"]["QueueUrl"]) for r in reads] == [("reader-a", url), ("reader-b", url)]

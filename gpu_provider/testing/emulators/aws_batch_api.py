@@ -44,6 +44,8 @@ class BatchApi:
         target = environ.get("HTTP_X_AMZ_TARGET", "")
         if target.startswith("Logs_"):
             return "logs:" + target.split(".", 1)[1]
+        if target.startswith("AmazonSQS."):  # the event queue's reads (JSON protocol), counted per client
+            return "sqs:" + target.split(".", 1)[1]
         auth = environ.get("HTTP_AUTHORIZATION", "")
         path = environ.get("PATH_INFO", "")
         is_batch = "/batch/aws4_request" in auth or (not auth and path.startswith("/v1/"))

@@ -183,11 +183,11 @@ class ServiceKnobs:
         self._faults.lose_response(action, count, how=how)
 
     def requests(self, action: str | None = None, *, since: int = 0) -> list[dict[str, Any]]:
-        """The service's and CloudWatch Logs' requests received, oldest first: ``{"action", "body",
+        """The service's, CloudWatch Logs' and SQS's requests received, oldest first: ``{"action", "body",
         "throttled", "lost", "time", "status", "client"}``; ``action`` is the API name (``SubmitJob``;
-        ``logs:GetLogEvents``); ``lost`` says how the response was lost (:meth:`lose_response`), ``None``
-        when it was not; ``client`` is the access key id the request was signed with. ``since`` skips the
-        log's first ``since`` entries."""
+        ``logs:GetLogEvents``; ``sqs:ReceiveMessage``, the event queues' reads); ``lost`` says how the
+        response was lost (:meth:`lose_response`), ``None`` when it was not; ``client`` is the access key id
+        the request was signed with. ``since`` skips the log's first ``since`` entries."""
         return self._log.requests(action, since=since)
 
     def count(self, action: str) -> int:

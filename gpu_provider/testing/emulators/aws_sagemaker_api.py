@@ -244,6 +244,8 @@ def _action_of(environ: dict[str, Any]) -> str | None:
         return action
     if service.startswith("Logs_") and action in _LOG_READS:
         return "logs:" + action
+    if service == "AmazonSQS":  # the event queue's reads (JSON protocol), counted per client
+        return "sqs:" + action
     return None
 
 
