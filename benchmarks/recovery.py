@@ -30,8 +30,9 @@ resumed job's "resumed from checkpoint" line: a new process importing numpy and 
 last two are the service's own start-up; the wall-time target is one checkpoint interval plus that start-up.
 
 ``--events``: ours also runs with the Batch events on (an EventBridge rule delivering the emulator's "Batch Job
-State Change" events to an SQS queue on moto, as ``gpu-provider events render`` describes it, and
-``[gpu_provider] batch_events_queue_url`` set), in the same run, as extra rows.
+State Change" events to an SQS queue on moto, as ``gpu-provider events render`` describes it,
+``[gpu_provider] batch_events_queue_url`` set, and ``worker_wait_events`` on: the sync task listens), in the same
+run, as extra rows.
 
 Usage: ``python benchmarks/recovery.py [--quick] [--interruptions K] [--events]``.
 """
@@ -209,6 +210,7 @@ def main() -> int:
                 run_env = {
                     **env,
                     "AIRFLOW__GPU_PROVIDER__BATCH_EVENTS_QUEUE_URL": queue_url,
+                    "AIRFLOW__GPU_PROVIDER__WORKER_WAIT_EVENTS": "True",  # the sync task listens (opt-in)
                     # ReceiveMessage waits at most 1 s (moto answers a long poll when it ends): a reader that
                     # goes away is not left blocked for 20 s
                     "AIRFLOW__GPU_PROVIDER__AWS_EVENTS_WAIT_SECONDS": "1",

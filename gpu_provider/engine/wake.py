@@ -6,6 +6,12 @@ listens to the same source here, for the attempt it waits on. An event only ends
 then read from the service by the wait's own poll, as always (events are hints, never a job's status), so a
 lost or late event costs latency only and the regular poll still sees every end.
 
+It is opt-in, ``[gpu_provider] worker_wait_events = True``: each task process waiting on a worker then opens
+its own reader (an SQS long-poll, or a Kubernetes watch of the namespace's provider pods), where the
+triggerer has one for all its tasks. Readers of one queue take each other's messages for their visibility
+timeout, and each watch gets every provider pod's changes, so turn it on where few tasks wait on workers at
+a time, or give those workers a queue of their own.
+
 One :class:`WaitWake` serves every attempt of a try (:meth:`WaitWake.follow` switches the job), so the
 source keeps one reader between an interrupted attempt and the next one, and the next one's first events
 are not taken by a reader that is going away.
@@ -20,6 +26,8 @@ from typing import Any
 
 from gpu_provider.backends.base import Backend, EventSink, JobHandle
 
+#: ``[gpu_provider]`` setting that turns the worker's listening on (default off, see the module docstring)
+SETTING = "worker_wait_events"
 #: while sleeping, how often the task's stop event (set by ``on_kill``) is looked at
 STOP_LOOK_S = 0.1
 
@@ -64,6 +72,10 @@ class WaitWake(EventSink):
             return
         self._started = True
         try:
+            from gpu_provider.backends.common import config_flag
+
+            if not config_flag(SETTING, default=False):
+                return
             source = self.backend.event_source()
         except Exception as err:  # a bad setting must not stop the wait: it polls as before
             self.log.warning("%s event source unavailable (%s); polling only.", self.backend.name, err)

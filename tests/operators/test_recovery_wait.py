@@ -28,6 +28,7 @@ def batch_events(batch: BatchWorld, monkeypatch: pytest.MonkeyPatch) -> str:
     url, _ = wire(batch.emulator.client, "batch", "gpu-events-recovery")
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__BATCH_EVENTS_QUEUE_URL", url)
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__AWS_EVENTS_WAIT_SECONDS", "1")
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__WORKER_WAIT_EVENTS", "True")  # the sync wait listens too
     return url
 
 
