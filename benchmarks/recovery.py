@@ -335,7 +335,6 @@ def main() -> int:
     print("Where the time goes per interruption (median of the interruptions of each run, seconds):")
     print("| interruption | side | notice to end | end to next submit | queue to RUNNING | start to first step |")
     print("|---|---|---|---|---|---|")
-    startups: list[float] = []
     for kind in kinds:
         for side in sides:
             if side == "anchor":
@@ -345,22 +344,18 @@ def main() -> int:
             for key in ("notice_to_end", "end_to_submit", "queue_to_running", "start_to_first_step"):
                 values = [p[key] for p in got if p[key] == p[key]]  # NaN: the line was not in the log
                 cells.append(f"{statistics.median(values):.2f}" if values else "-")
-            startups += [
-                p["queue_to_running"] + p["start_to_first_step"]
-                for p in got
-                if p["start_to_first_step"] == p["start_to_first_step"]
-            ]
             print(f"| {kind} | {names[side]} | " + " | ".join(cells) + " |")
-    startup = statistics.median(startups) if startups else 0.0
-    bound = interval + startup
     for kind in kinds:
         for side in sides:
             if side == "anchor":
                 continue
-            lost = lost_by[(side, kind)]
+            # the service's start-up of this run's resumed attempts (their mean, as the loss is a mean too)
+            got = [p for p in results[(side, kind)]["phases"] if p["start_to_first_step"] == p["start_to_first_step"]]
+            startup = statistics.mean(p["queue_to_running"] + p["start_to_first_step"] for p in got) if got else 0.0
+            lost, bound = lost_by[(side, kind)], interval + startup
             print(
                 f"target: wall lost per interruption at most one checkpoint interval ({interval:g} s) + the service's "
-                f"start-up (queue to RUNNING + start to first step, median {startup:.2f} s) = {bound:.2f} s: "
+                f"start-up (queue to RUNNING + start to first step, this run's mean {startup:.2f} s) = {bound:.2f} s: "
                 f"{names[side]}, {kind}: {lost:.1f} s -> {'met' if lost <= bound else 'missed'}"
             )
     return 0
