@@ -12,13 +12,17 @@ import pytest
 
 from gpu_provider import names
 from gpu_provider.backends.base import JobHandle, JobState, JobStatus
+from gpu_provider.backends.batch import BatchBackend
 from gpu_provider.engine.attempts import AttemptEngine, Submit
 from gpu_provider.engine.runner import ENDING_POLL_S, AttemptRunner
+from gpu_provider.engine.wake import WaitWake
 from gpu_provider.engine.watch import ENDED
 from gpu_provider.records import AttemptRecord
 from gpu_provider.recovery import OnDemand, Spot, SpotFallback
 from gpu_provider.runtime.output import end_of_log_line
 from gpu_provider.runtime.signals import STOP_NOTICE
+from gpu_provider.triggers import events
+from tests.batch_world import BatchWorld
 from tests.scripted import ScriptedBackend, scripted  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("scripted")
@@ -128,3 +132,23 @@ def test_a_log_without_an_ending_keeps_the_poll_interval() -> None:
     finally:
         killer.cancel()
     assert len(ScriptedBackend.polls) <= 1, "nothing in the log said the job was ending: one read per poll interval"
+
+
+@pytest.mark.parametrize("setting", [None, "False", "True"])
+def test_a_sync_wait_listens_to_its_backends_events_only_when_turned_on(
+    batch: BatchWorld, monkeypatch: pytest.MonkeyPatch, setting: str | None
+) -> None:
+    """``[gpu_provider] worker_wait_events`` (default off): each listening task process opens its own reader."""
+    url = batch.emulator.client("sqs").create_queue(QueueName=f"gpu-events-worker-{setting}")["QueueUrl"]
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__BATCH_EVENTS_QUEUE_URL", url)
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__AWS_EVENTS_WAIT_SECONDS", "1")
+    if setting is not None:
+        monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__WORKER_WAIT_EVENTS", setting)
+    wake = WaitWake(BatchBackend(**batch.queues), log)
+    try:
+        wake.follow(JobHandle("batch", "job-1", "gp-job-1", 1, names.SPOT, time.time()))
+        listening = f"sqs:{url}" in events.running_sources()
+    finally:
+        wake.close()
+    assert listening is (setting == "True")
+    assert f"sqs:{url}" not in events.running_sources(), "the reader is given back when the try's steps end"
