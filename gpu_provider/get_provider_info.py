@@ -103,6 +103,17 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "False",
                         "default": "True",
                     },
+                    "worker_wait_events": {
+                        "description": "Whether a task that waits on its worker (deferrable=False) listens to its "
+                        "backend's events too (the Kubernetes watch, the Batch or SageMaker events queue), so an end "
+                        "or an interruption is seen at once instead of at the next poll. Each such task process "
+                        "opens its own reader: use it where few tasks wait on workers at a time, or give the workers "
+                        "a queue of their own. See docs/how-to/events.md.",
+                        "version_added": "0.4.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    },
                     "batch_events_queue_url": {
                         "description": "URL of an SQS queue that an EventBridge rule fills with 'Batch Job State "
                         "Change' events (gpu-provider events render --backend batch prints what to create). Read "

@@ -64,6 +64,9 @@ class CapacityPolicy(ABC):
         0 to :data:`MAX_INTERRUPTIONS`.
     :param backoff: base delay before resubmitting after an interruption (a timedelta or seconds,
         0 to :data:`MAX_BACKOFF_S`); grows x2 per interruption, capped at 5 minutes, with full jitter.
+        Default 0: the next attempt is submitted as soon as the interruption is known (it waits for capacity
+        in the service's queue; a throttled submission is retried with its own jittered backoff). Set it to
+        spread the resubmissions of many tasks interrupted at once.
     :param max_node_faults: how many GPU hardware faults (``node_fault``: an XID or ECC error, a GPU
         fallen off the bus, an NCCL watchdog timeout on several nodes, an unhealthy node) one task
         instance absorbs, each resubmitted on fresh hardware; its own budget, not counted in
@@ -82,7 +85,7 @@ class CapacityPolicy(ABC):
         self,
         *,
         max_interruptions: int = _DEFAULT_MAX_INTERRUPTIONS,
-        backoff: Any = 2.0,
+        backoff: Any = 0.0,
         max_node_faults: int = _DEFAULT_MAX_NODE_FAULTS,
         instances: InstanceFallback | None = None,
     ) -> None:

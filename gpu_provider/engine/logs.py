@@ -78,6 +78,8 @@ class LogForwarder:
         self.node_ends: dict[int, int] = {}
         #: the job's node count, as the markers say it (``None`` before the first marker)
         self.nnodes: int | None = None
+        #: the job said it was asked to stop (the runtime helper's SIGTERM notice, ``runtime.signals.STOP_NOTICE``)
+        self.stopping = False
         self._warned = False
         self._noted = False
 
@@ -114,12 +116,20 @@ class LogForwarder:
             if not chunk.more or (not drain and chunks >= CHUNKS_PER_PUMP):
                 return total
 
+    @property
+    def ending(self) -> bool:
+        """Whether the lines read so far say the job is ending: it was asked to stop, or a node's command exited."""
+        return self.stopping or bool(self.node_ends)
+
     def _take(self, lines: list[str]) -> None:
         from gpu_provider.runtime.output import parse_end_of_log
+        from gpu_provider.runtime.signals import STOP_NOTICE
 
         self.lines_read += len(lines)
         self.output_uri = declared_output(lines) or self.output_uri
         for line in lines:
+            if not self.stopping and STOP_NOTICE in line and "gpu_provider: SIG" in line:
+                self.stopping = True
             end = parse_end_of_log(line)
             if end is not None:
                 self._ended(end.node, end.nnodes, end.exit_code, end.fault)

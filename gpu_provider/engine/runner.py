@@ -18,6 +18,7 @@ from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, OwnerRead, TaskKey
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Wait, describe
 from gpu_provider.engine.logs import LogForwarder
+from gpu_provider.engine.wake import WaitWake
 from gpu_provider.engine.watch import (
     BUDGET,
     CAPACITY_TIMEOUT,
@@ -28,6 +29,7 @@ from gpu_provider.engine.watch import (
     RESTART_LIMIT,
     SPOT_RETURNED,
     AttemptWatch,
+    interrupted,
 )
 from gpu_provider.exceptions import (
     GpuJobBudgetError,
@@ -45,6 +47,10 @@ OUTPUT_TAIL_LINES = 20
 #: after giving up on status reads with no retry left: the longest the owner read and the cancel may take
 GIVE_UP_READ_S = 10.0
 GIVE_UP_CANCEL_S = 60.0
+#: once the job's log says it is ending (asked to stop, a node's end-of-log marker) but the service does not yet:
+#: seconds between the sync wait's status reads instead of the poll interval, for at most ENDING_POLLS reads
+ENDING_POLL_S = 1.0
+ENDING_POLLS = 30
 
 
 def recover(
@@ -244,6 +250,10 @@ class AttemptRunner:
         self.spot_types: tuple[str, ...] = ()
         #: the reading that said "move back to spot" (the wait's, or the trigger event's)
         self.spot_decision: dict[str, Any] | None = None
+        #: ends the sync wait's sleep when the backend's event source names the job (see engine/wake.py)
+        self.wake = WaitWake(backend, log)
+        #: an interrupted attempt's log, whose late lines are read once the next attempt is submitted
+        self.unsettled: LogForwarder | None = None
 
     def persist(self) -> None:
         """Save the records, the oldest history folded into the engine's summary past ``max_records``."""
@@ -360,9 +370,18 @@ class AttemptRunner:
 
     # --- waiting ---------------------------------------------------------------------------------
     def wait(self, record: AttemptRecord, poll_interval: float) -> tuple[JobStatus, str]:
-        """Poll in the worker until the attempt ends or a wait limit passes; stream its log meanwhile."""
+        """Poll in the worker until the attempt ends or a wait limit passes; stream its log meanwhile.
+
+        Between polls it sleeps ``poll_interval``, less when the backend's event source says the job changed
+        (:class:`~gpu_provider.engine.wake.WaitWake`). An attempt that ended by an interruption returns at once:
+        its late log lines are read after the next attempt is submitted (:meth:`settle_log`)."""
+        self.settle_log()  # the attempt before this one, now that this one is submitted
         handle = record.handle
         backend = self.backend_for(record)
+        # the task's backend's events end the sleep; a ladder's attempt on another service polls only
+        wakes = backend is self.backend
+        if wakes:
+            self.wake.follow(handle)
         watch = AttemptWatch(
             backend,
             handle,
@@ -371,8 +390,10 @@ class AttemptRunner:
             log=self.log,
             restart_limit=self.restart_limit(record),
             cost_limit=self.cost_limit(record),
+            settle_interrupted=False,
         )
         spot = self.spot_return_watch(record)
+        ending_polls = 0
         while not self.stop.is_set():
             try:
                 status = backend.poll([handle])[handle.job_id]
@@ -382,11 +403,13 @@ class AttemptRunner:
                 give_up = watch.failed_read(err)
                 if give_up:
                     raise GpuJobPollError(give_up) from err  # the operator decides: gave_up_reading
-                self.stop.wait(poll_interval)
+                self.wake.sleep(poll_interval, self.stop)
                 continue
             self.on_status(status)
             outcome = watch.read(status)
             if outcome is not None:
+                if watch.unsettled:
+                    self.unsettled = watch.logs
                 status = watch.complete(status)
                 declared_wins = not status.output_uri or backend.service_output
                 if status.state is JobState.SUCCEEDED and watch.output_uri and declared_wins:
@@ -397,9 +420,41 @@ class AttemptRunner:
                 if decision is not None:
                     self.spot_decision = decision
                     return status, SPOT_RETURNED
-            self.stop.wait(poll_interval)
+            # the job's own log says its end is near: look again soon, not after a whole interval (bounded)
+            soon = watch.logs.ending and ending_polls < ENDING_POLLS and poll_interval > ENDING_POLL_S
+            ending_polls += soon
+            pause = ENDING_POLL_S if soon else poll_interval
+            if wakes:
+                self.wake.sleep(pause, self.stop)
+            else:
+                self.stop.wait(pause)
         # killed: on_kill cancelled the job; stop polling at once
         raise GpuJobCancelledError(f"{self.describe_attempt(record)} was cancelled because this task was killed.")
+
+    def settle_log(self) -> None:
+        """Read the late log lines of an interrupted attempt whose wait ended without them (the next attempt
+        was submitted first, so the wait for them no longer delays it)."""
+        logs, self.unsettled = self.unsettled, None
+        if logs is not None:
+            logs.settle()
+
+    def copy_ended_log(self, handle: JobHandle, status: JobStatus, backend: Backend | None = None) -> None:
+        """After a deferred wait whose trigger did not copy the log: copy the ended attempt's log (read from
+        ``backend``, the attempt's own; default the task's) into the task log now, or, when an interruption ended
+        it, once the next attempt is submitted (:meth:`settle_log`)."""
+        logs = LogForwarder(backend or self.backend, handle, self.log)
+        if interrupted(status):
+            self.unsettled = logs
+        else:
+            logs.settle()
+
+    def close(self) -> None:
+        """The try's steps are over (it succeeded, failed or deferred): read what is left of an interrupted
+        attempt's log and stop listening to the backend's events."""
+        try:
+            self.settle_log()
+        finally:
+            self.wake.close()
 
     def after_wait(self, record: AttemptRecord, status: JobStatus, outcome: str) -> Step:
         """What a wait's outcome means: an ended job goes to the engine; a timeout cancels the job first."""

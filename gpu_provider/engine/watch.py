@@ -51,7 +51,13 @@ __all__ = [
     "RESTART_LIMIT",
     "SPOT_RETURNED",
     "AttemptWatch",
+    "interrupted",
 ]
+
+
+def interrupted(status: JobStatus) -> bool:
+    """Whether an ended attempt's status says an interruption ended it (a next attempt may follow)."""
+    return status.interruption is not None or status.state is JobState.PREEMPTED
 
 
 class AttemptWatch:
@@ -70,6 +76,8 @@ class AttemptWatch:
         ``False`` for a task that only watches someone else's job: it waits on, and changes nothing
     :param cost_limit: the attempt's running budget (:meth:`gpu_provider.spend.budget.SpendControl.cost_limit`):
         ``BUDGET`` once its GPU-seconds x ``usd_per_gpu_second`` reach ``remaining_usd``
+    :param settle_interrupted: wait for an interrupted attempt's late log lines before the wait ends; ``False``
+        leaves that to the caller (:attr:`unsettled`), which reads them after it has submitted the next attempt
     """
 
     def __init__(
@@ -85,8 +93,12 @@ class AttemptWatch:
         restart_limit: int | None = None,
         cost_limit: dict[str, float] | None = None,
         owner: bool = True,
+        settle_interrupted: bool = True,
     ) -> None:
         self.backend = backend
+        self.settle_interrupted = settle_interrupted
+        #: the attempt ended by an interruption and its late log lines are still to be read (``logs.settle``)
+        self.unsettled = False
         self.owner = owner
         self.cost_limit = cost_limit
         self.handle = handle
@@ -168,7 +180,9 @@ class AttemptWatch:
         if self.stream_logs:
             self.logs.pump()
         if status.state.terminal:
-            if self.stream_logs:
+            if self.stream_logs and interrupted(status) and not self.settle_interrupted:
+                self.unsettled = True  # no wait for late lines before the next attempt: the caller reads them after
+            elif self.stream_logs:
                 self.logs.settle()
             return ENDED
         if self.past_deadline():

@@ -27,7 +27,6 @@ from gpu_provider.backends.base import (
 )
 from gpu_provider.capacity import CapacityPolicy, Ladder, resolve_capacity, validate_instance_fallback
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
-from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
 from gpu_provider.engine.watch import ENDED
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
@@ -339,7 +338,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         outcome = outcome_of(event)
         runner.spot_decision = event.get("spot_return")  # spot_returned: the trigger's reading
         if outcome == ENDED and not backend.stream_logs_when_deferred:
-            LogForwarder(backend, handle, self.log).settle()
+            runner.copy_ended_log(handle, status, backend)
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
 
     def _resumed_runner(self, context: Context, plan: Plan, records: list[dict[str, Any]] | None) -> AttemptRunner:
@@ -399,6 +398,14 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
 
     def _run(self, context: Context, plan: Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:
         """Carry the engine's steps out until the job succeeds, the try fails, or the task defers."""
+        try:
+            return self._run_steps(context, plan, runner, step, deadline)
+        finally:
+            runner.close()  # an interrupted attempt's late log lines; the backend's events no longer listened to
+
+    def _run_steps(
+        self, context: Context, plan: Plan, runner: AttemptRunner, step: Step, deadline: float | None
+    ) -> Any:
         engine = runner.engine
         while True:
             if isinstance(step, Fail):

@@ -31,6 +31,10 @@ from typing import Any
 #: exit status of a job that stopped because it was asked to (128 + SIGTERM, as a shell reports it)
 STOP_EXIT_CODE = 128 + signal.SIGTERM
 
+#: what the handler prints (to stderr, after ``gpu_provider: <SIGNAL>``) when a signal first asks the job to stop:
+#: a task reading the job's log then knows its end is near and looks at its status sooner
+STOP_NOTICE = " received; stopping after the current step"
+
 # How long StopFlag.wait sleeps between looks at a flag set by a signal handler (see StopFlag).
 _SIGNAL_POLL_S = 0.05
 
@@ -106,7 +110,7 @@ class StopFlag:
             self._signum = signum
             self._reason = f"received {name}"
             self._requested = True
-            message = f"gpu_provider: {name} received; stopping after the current step\n"
+            message = f"gpu_provider: {name}{STOP_NOTICE}\n"
         else:
             message = f"gpu_provider: {name} received again; still stopping (SIGKILL follows the grace period)\n"
         try:
