@@ -174,7 +174,11 @@ def test_the_split_modules_are_short() -> None:
         PACKAGE / "testing" / "check_dag.py",
         PACKAGE / "testing" / "findings.py",
     ]
-    long = {str(p.relative_to(REPO)): n for p in split if (n := len(p.read_text().splitlines())) > 600}
+    split += [PACKAGE / "engine" / "places.py", PACKAGE / "engine" / "calls.py", PACKAGE / "engine" / "spot_moves.py"]
+    # every product module stays short, not only the split ones; the provider metadata is one literal
+    # (the config section's keys, each with its description), read by Airflow, not by people
+    every = [p for p in PACKAGE.rglob("*.py") if p.name != "get_provider_info.py"]
+    long = {str(p.relative_to(REPO)): n for p in every if (n := len(p.read_text().splitlines())) > 600}
     assert long == {}
     for path in split:  # each says in its first line what it holds
         doc = ast.get_docstring(ast.parse(path.read_text()))

@@ -8,16 +8,18 @@ log link.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from gpu_provider import names
-from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, OwnerRead, TaskKey
+from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Wait, describe
+from gpu_provider.engine.calls import cancel_within, poll_one, read_owner
 from gpu_provider.engine.logs import LogForwarder
+from gpu_provider.engine.places import backend_of, poll_where_they_run, recover
+from gpu_provider.engine.spot_moves import move_to_spot, spot_watch
 from gpu_provider.engine.wake import WaitWake
 from gpu_provider.engine.watch import (
     BUDGET,
@@ -40,7 +42,7 @@ from gpu_provider.exceptions import (
     GpuJobPollError,
     GpuJobStatusError,
 )
-from gpu_provider.records import AttemptRecord, AttemptSummary, compact
+from gpu_provider.records import AttemptRecord, compact
 
 #: lines of a failed job's output quoted in the task's error
 OUTPUT_TAIL_LINES = 20
@@ -52,145 +54,8 @@ GIVE_UP_CANCEL_S = 60.0
 ENDING_POLL_S = 1.0
 ENDING_POLLS = 30
 
-
-def recover(
-    backend: Backend,
-    task: TaskKey,
-    stored: list[AttemptRecord],
-    log: Any,
-    summary: AttemptSummary | None = None,
-    *,
-    others: Sequence[Backend] = (),
-) -> list[AttemptRecord]:
-    """Every attempt of a task instance, refreshed with its current status.
-
-    ``others``: the task's other backends (a capacity ladder's rungs on other services or regions): each
-    is asked for the task's attempts too, and every attempt is read from its own backend.
-
-    ``stored`` are the records from the task state store (resume point, owner, interruption
-    kind). The backend's lookup by identity is asked too: it also finds an attempt submitted just
-    before a crash kept its record from the store, so that attempt is reattached, not duplicated.
-    An attempt whose end is known is not asked about again (the service may have forgotten it since,
-    and a lost job must not replace what was known), nor is one folded into ``summary``.
-    """
-    known = {r.job_id for r in stored}
-    folded = (summary.last_attempt or 0) if summary else 0
-    records = list(stored)
-    places = distinct_backends(backend, others)
-    for place in places:
-        for h in place.find_existing(task):
-            if h.job_id not in known and h.attempt > folded:
-                known.add(h.job_id)
-                record = AttemptRecord.new(h)
-                if place is not backend:  # found on a rung's own backend: its later reads go there
-                    record.backend_spec, record.service = place.spec(), place.service or None
-                records.append(record)
-    records.sort(key=lambda r: (r.attempt, r.handle.submitted_at))
-    open_records = [r for r in records if not r.state.terminal]
-    by_place: dict[str, tuple[Backend, list[AttemptRecord]]] = {}
-    for record in open_records:
-        place = backend_of(backend, record, places)
-        by_place.setdefault(spec_key(place), (place, []))[1].append(record)
-    for place, group in by_place.values():
-        statuses = place.poll([r.handle for r in group])
-        for record in group:
-            status = statuses.get(record.job_id)
-            if isinstance(status, JobStatus):
-                record.update(status)
-            elif status is not None:
-                log.warning("Could not read the status of job %s: %s", record.job_id, status)
-    return records
-
-
-def spec_key(backend: Backend) -> str:
-    """A backend's identity as a string (its name and options): equal backends, equal keys."""
-    return json.dumps(backend.spec(), sort_keys=True, default=str)
-
-
-def distinct_backends(backend: Backend, others: Sequence[Backend]) -> list[Backend]:
-    """``backend`` and then each of ``others`` not equal to one before it."""
-    seen: dict[str, Backend] = {}
-    for b in (backend, *others):
-        seen.setdefault(spec_key(b), b)
-    return list(seen.values())
-
-
-def backend_of(backend: Backend, record: AttemptRecord, known: Sequence[Backend] = ()) -> Backend:
-    """The backend ``record``'s attempt runs on: its own (``record.backend_spec``, a ladder's rung), else the
-    task's ``backend`` (records written before ladders existed). One of ``known`` equal to it is reused."""
-    spec = record.backend_spec
-    if not spec:
-        return backend
-    key = json.dumps(spec, sort_keys=True, default=str)
-    for b in (backend, *known):
-        if spec_key(b) == key:
-            return b
-    from gpu_provider.backends.base import resolve_backend
-
-    return resolve_backend(spec)
-
-
-def poll_one(backend: Backend, handle: JobHandle, *, timeout: float | None = None) -> JobStatus | None:
-    """One attempt's status, or ``None`` when it cannot be read now.
-
-    :param timeout: read in a separate thread and give up after this many seconds: from a signal
-        handler, the interrupted code may hold a lock the read needs (a connection pool's, say)
-    """
-    if timeout is None:
-        return _status_of(backend, handle)
-    found: list[JobStatus | None] = []
-    reader = threading.Thread(target=lambda: found.append(_status_of(backend, handle)), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return found[0] if found else None
-
-
-def read_owner(backend: Backend, handle: JobHandle, *, timeout: float | None = None) -> OwnerRead | None:
-    """Who owns an attempt, read from the service now (:meth:`Backend.read_owner`, no cache), or
-    ``None`` when it cannot be read (in time).
-
-    :param timeout: read in a separate thread and give up after this many seconds (from a signal handler)
-    """
-
-    def read() -> OwnerRead | None:
-        try:
-            return backend.read_owner(handle)
-        except Exception:
-            return None
-
-    if timeout is None:
-        return read()
-    found: list[OwnerRead | None] = []
-    reader = threading.Thread(target=lambda: found.append(read()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return found[0] if found else None
-
-
-def cancel_within(backend: Backend, handle: JobHandle, reason: str, timeout: float) -> str | None:
-    """Cancel the job in a separate thread, giving up after ``timeout`` seconds: ``None`` when it was
-    cancelled, else why not (the service's error, or that it did not answer in time)."""
-    outcome: list[str | None] = []
-
-    def run() -> None:
-        try:
-            backend.cancel(handle, reason)
-            outcome.append(None)
-        except Exception as err:
-            outcome.append(f"{type(err).__name__}: {err}")
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    return outcome[0] if outcome else f"no answer within {timeout:.0f}s"
-
-
-def _status_of(backend: Backend, handle: JobHandle) -> JobStatus | None:
-    try:
-        status = backend.poll([handle]).get(handle.job_id)
-    except Exception:
-        return None
-    return status if isinstance(status, JobStatus) else None
+# imported from here by other modules (defined in engine/calls.py and engine/places.py)
+__all__ = ["AttemptRunner", "backend_of", "cancel_within", "poll_one", "read_owner", "recover"]
 
 
 class AttemptRunner:
@@ -392,7 +257,7 @@ class AttemptRunner:
             cost_limit=self.cost_limit(record),
             settle_interrupted=False,
         )
-        spot = self.spot_return_watch(record)
+        spot = spot_watch(self, record)
         ending_polls = 0
         while not self.stop.is_set():
             try:
@@ -470,7 +335,7 @@ class AttemptRunner:
             # unreadable before a stop that ends this try (queue timeout, deadline, budget): the try
             # stops it as its owner, as on_kill does, rather than leave it billing for nobody
         if outcome == SPOT_RETURNED:
-            return self._move_to_spot(record)
+            return move_to_spot(self, record)
         if outcome == CAPACITY_TIMEOUT:
             # the sample may be stale (the trigger fired, then the task waited for a slot): look again
             fresh = poll_one(self.backend_for(record), record.handle)
@@ -540,56 +405,6 @@ class AttemptRunner:
         return engine.ended(record, stopped_by_kill=self.stop.is_set())
 
     # --- back to spot when spot returns (``SpotFallback(spot_return=SpotReturn(...))``) -----------------
-    def spot_return_watch(self, record: AttemptRecord) -> Any:
-        """The spot readings of ``record``'s wait (a :class:`~gpu_provider.capacity.spot_return.SpotReturnWatch`),
-        or ``None`` when nothing is to be read (no ``spot_return``, not on on-demand, ``max_moves`` spent)."""
-        watch = self.engine.spot_return_watch(record, self.spot_types)
-        if watch is None:
-            return None
-        from gpu_provider.capacity.spot_return import SpotReturnWatch
-
-        return SpotReturnWatch(watch)
-
-    def _move_to_spot(self, record: AttemptRecord) -> Step:
-        """Spot returned and pays (:attr:`spot_decision`): ask the attempt to checkpoint and stop, through the
-        backend's stop (the path of a spot interruption: SIGTERM, grace period, SIGKILL), then wait for it to end;
-        the engine then submits the next attempt on spot. Only on fresh evidence: this try owns the attempt
-        (read by :meth:`after_wait`) and it is running now; otherwise nothing is stopped."""
-        engine = self.engine
-        fresh = poll_one(self.backend_for(record), record.handle)
-        if fresh is None or fresh.state is not JobState.RUNNING:
-            if fresh is not None:
-                engine.saw(record, fresh)
-                self.persist()
-                if fresh.state.terminal:
-                    return engine.ended(record)
-            self.log.info(
-                "Spot returned, but %s is %s now: not moving it.",
-                self.describe_attempt(record),
-                "unreadable" if fresh is None else fresh.state.value,
-            )
-            return Wait(record)
-        if fresh.owner_try is not None and fresh.owner_try > engine.try_number:  # the status says so too
-            record.owner_try = fresh.owner_try
-            self.stand_down(record)
-        decision = dict(self.spot_decision or {})
-        record.interruption, record.spot_return = names.MOVED_TO_SPOT, decision
-        self.persist()  # before the stop: a crash after it still knows the move was planned
-        reason = (
-            f"{names.SPOT_RETURN_MARK}{decision.get('summary') or 'spot capacity returned'}; the job checkpoints and "
-            f"stops, and its next attempt runs on spot; stopped by {self.label}"
-        )
-        if not self.cancel(record, reason):
-            record.interruption, record.spot_return = None, None
-            self.persist()
-            return Wait(record)
-        self.log.warning(
-            "Spot capacity returned: asked %s to checkpoint and stop (%s); the next attempt runs on spot.",
-            self.describe_attempt(record),
-            decision.get("summary") or "no details",
-        )
-        return Wait(record)  # until the job has saved its checkpoint and ended
-
     def _remove_unstarted(self, record: AttemptRecord, status: JobStatus) -> None:
         """The backend's verdict on an attempt that never started is final (it can never start, or it
         waited past the backend's own startup limit), but the service still holds it: this try, the
@@ -751,13 +566,7 @@ class AttemptRunner:
         if not pending:
             return
         try:
-            statuses: dict[str, Any] = {}
-            groups: dict[str, tuple[Backend, list[JobHandle]]] = {}
-            for r in pending:  # each from its own backend: one call per backend
-                place = self.backend_for(r)
-                groups.setdefault(spec_key(place), (place, []))[1].append(r.handle)
-            for place, handles in groups.values():
-                statuses.update(place.poll(handles))
+            statuses = poll_where_they_run(pending, self.backend_for)  # each from its own backend
         except Exception as err:
             self.log.info("Could not read the final figures of earlier attempts: %s", err)
             return
