@@ -42,7 +42,7 @@ What it adds to moto (moto 5.2.5; everything is undone by :meth:`BatchEmulator.s
   100 ids in DescribeJobs; SubmitJob to a fair-share queue without ``shareIdentifier`` or without a
   scheduling priority (job definition ``schedulingPriority`` or ``schedulingPriorityOverride``);
   ``shareIdentifier``/``schedulingPriorityOverride`` on a queue without a scheduling policy; more than one
-  ListJobs filter. ListJobs without ``jobStatus`` or filters returns RUNNING jobs only, filtered
+  ListJobs filter; SubmitJob on a job definition revision that is not ACTIVE (deregistered). ListJobs without ``jobStatus`` or filters returns RUNNING jobs only, filtered
   results come newest first and leave out array children (moto: every status, queue order).
 
 The parts: the job runner (states, processes, logs, multi-node views) is
