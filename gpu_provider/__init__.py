@@ -10,9 +10,10 @@ The public names, all importable from here::
     from gpu_provider import path_segment, TEMPLATE_FILTERS                         # template filters
     from gpu_provider import GpuJobError, GpuJobFailedError, ...                    # the errors tasks raise
 
-Importing the package stays cheap (no Airflow, boto3 or kubernetes): every name is imported on first use (the
-local backend's job supervisor, a new interpreter per job, imports this package and none of them). The subpackages (``gpu_provider.operators``,
-``gpu_provider.sensors``, ``gpu_provider.backends.<name>``, ``gpu_provider.runtime``) stay importable too.
+Importing the package stays cheap (no Airflow, boto3 or kubernetes): every name is imported on first use
+(the local backend's job supervisor, a new interpreter per job, imports this package and none of them).
+The subpackages (``gpu_provider.operators``, ``gpu_provider.sensors``, ``gpu_provider.backends.<name>``,
+``gpu_provider.runtime``) stay importable too.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpu_provider.capacity import CapacityPolicy, InstanceFallback, OnDemand, Spot, SpotFallback
-    from gpu_provider.job import Checkpoint, GpuResources
     from gpu_provider.backends.base import JobIdentity, JobState, TaskKey
+    from gpu_provider.capacity import CapacityPolicy, InstanceFallback, OnDemand, Spot, SpotFallback
     from gpu_provider.exceptions import (
         GpuJobCancelledError,
         GpuJobDeadlineError,
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         GpuJobInterruptionBudgetError,
         GpuJobStoppedError,
     )
+    from gpu_provider.job import Checkpoint, GpuResources
     from gpu_provider.operators import GpuJobOperator, GpuReaperOperator
     from gpu_provider.sensors import CheckpointSensor, GpuJobSensor, SpotCapacitySensor
     from gpu_provider.templates import TEMPLATE_FILTERS, path_segment

@@ -66,7 +66,7 @@ _SHARED_LOCK = threading.Lock()
 def _source_hash(hook: Any) -> str:
     """A hash of everything a client of ``hook`` is built from: the Airflow connection's fields (none when it
     does not exist: boto3's default credentials) and the process's ``AWS_*`` environment. Only the hash is kept."""
-    from airflow.exceptions import AirflowNotFoundException
+    from airflow.sdk.exceptions import AirflowNotFoundException
 
     try:
         conn = hook.get_connection(hook.aws_conn_id) if hook.aws_conn_id else None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from gpu_provider import names
@@ -329,19 +330,25 @@ class BatchBackend(Backend):
         queue = self._queue(request.capacity, request.instance_type)
         queue_known = queue in self._known_queues()
         self._is_fair_share(queue)  # a queue that does not exist or is disabled: a clear error first
-        existing = self._find_attempt(identity, queue)
-        if existing is not None:
-            log.info(
-                "AWS Batch job %s (id %s) exists already for this attempt: adopting it instead of submitting again.",
-                existing.name,
-                existing.job_id,
-            )
-            return existing
         definition = self.job_definition(request)
         name = str(definition["jobDefinitionName"])
         remembered = queue_known or name in self._known_definitions()
+        # the job definition is looked up (and registered when no revision exists) while the create-or-adopt
+        # lookup runs: neither changes a job, and SubmitJob is sent only after the lookup found none
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-batch-definition") as pool:
+            arn = pool.submit(self._definition_arn, definition)
+            existing = self._find_attempt(identity, queue)
+            if existing is not None:
+                log.info(
+                    "AWS Batch job %s (id %s) exists already for this attempt: adopting it instead of submitting "
+                    "again.",
+                    existing.name,
+                    existing.job_id,
+                )
+                return existing
+            body = self.submit_body(request, arn.result(), priority=request.priority)
         try:
-            job_id, job_arn = self._send_submit(identity, self._body(request, definition))
+            job_id, job_arn = self._send_submit(identity, body)
         except Exception as err:
             if not (remembered and refused(err)):
                 raise
