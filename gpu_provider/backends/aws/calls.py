@@ -60,6 +60,11 @@ SHARED_CLIENTS_KEPT = 64
 #: A changed connection (rotated keys, another endpoint) hashes differently, so it gets a new client; botocore
 #: clients are thread-safe and refresh expiring credentials (an assumed role) themselves.
 _SHARED_CLIENTS: dict[tuple[str, ...], BaseClient] = {}
+#: the boto3 session each of those clients was built from, per (connection id, region, hash): one session
+#: builds all of a connection's clients (boto3 sessions are not thread-safe: used under _SHARED_LOCK only)
+_SHARED_SESSIONS: dict[tuple[str, ...], Any] = {}
+#: the user agent the amazon hook adds to a connection's clients (see _with_user_agent)
+_USER_AGENTS: dict[tuple[str, ...], str] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -81,9 +86,18 @@ def _source_hash(hook: Any) -> str:
     return hashlib.sha256(repr((fields, env)).encode()).hexdigest()
 
 
-def forget_shared_clients() -> None:
-    """Drop the process's shared clients (tests that point one connection id at another endpoint)."""
-    _SHARED_CLIENTS.clear()
+def _with_user_agent(hook: Any, config: Any, source: tuple[str, ...]) -> Any:
+    """``config`` with the user agent the hook adds (Airflow and provider versions, the calling operator):
+    worked out once per connection for the process, since the hook finds its caller with ``inspect.stack()``
+    (50-300 ms: it reads every frame's source file)."""
+    from botocore.config import Config
+
+    agent = _USER_AGENTS.get(source)
+    if agent is None:
+        with_agent = hook._get_config(config)
+        keep_bounded(_USER_AGENTS, source, str(with_agent.user_agent_extra or ""), limit=SHARED_CLIENTS_KEPT)
+        return with_agent
+    return config.merge(Config(user_agent_extra=agent))
 
 
 class Clients:
@@ -148,22 +162,43 @@ class Clients:
         client = _SHARED_CLIENTS.get(key)  # a plain dict read: no lock (a signal handler may be here)
         if client is not None:
             return client
-        client = self._new_client(hook, automatic_retries=automatic_retries)
-        if _SHARED_LOCK.acquire(blocking=False):  # never wait: keep it next time instead
-            try:
-                keep_bounded(_SHARED_CLIENTS, key, client, limit=SHARED_CLIENTS_KEPT)
-            finally:
-                _SHARED_LOCK.release()
+        if not _SHARED_LOCK.acquire(blocking=False):  # never wait: build one of this call's own, keep none
+            return self._new_client(hook, automatic_retries=automatic_retries)
+        try:
+            # one boto3 session per connection for the process: a session parses botocore's endpoint and
+            # service model files once, so the second client (SubmitJob's) costs little
+            session = _SHARED_SESSIONS.get(source)
+            if session is None:
+                session = hook.get_session(region_name=hook.region_name)
+                keep_bounded(_SHARED_SESSIONS, source, session, limit=SHARED_CLIENTS_KEPT)
+            client = self._new_client(hook, automatic_retries=automatic_retries, session=session, source=source)
+            keep_bounded(_SHARED_CLIENTS, key, client, limit=SHARED_CLIENTS_KEPT)
+        finally:
+            _SHARED_LOCK.release()
         return client
 
     @staticmethod
-    def _new_client(hook: Any, *, automatic_retries: bool) -> BaseClient:
+    def _new_client(
+        hook: Any, *, automatic_retries: bool, session: Any = None, source: tuple[str, ...] = ()
+    ) -> BaseClient:
+        """A client as the hook's ``get_client_type`` builds it (its endpoint, ``verify``, user agent and the
+        connection's ``config_kwargs``), from ``session`` when given (a boto3 session of the same connection,
+        ``source``)."""
         from botocore.config import Config
 
         config = Config(retries=dict(DEFAULT_RETRIES)).merge(hook.config)  # the connection's settings win
         if not automatic_retries:
             config = config.merge(Config(retries={"mode": "standard", "total_max_attempts": 1}))
-        return hook.get_client_type(region_name=hook.region_name, config=config)
+        if session is None:
+            return hook.get_client_type(region_name=hook.region_name, config=config)
+        service = hook.client_type
+        client: BaseClient = session.client(
+            service_name=service,
+            endpoint_url=hook.conn_config.get_service_endpoint_url(service_name=service),
+            config=_with_user_agent(hook, config, source),
+            verify=hook.verify,
+        )
+        return client
 
     def scope(self) -> str:
         """Who and where these clients talk to, as a key (a hash of the connection id, the region option, the
