@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,3 +143,29 @@ def test_a_first_try_writes_nothing_to_the_task_state_store_before_its_submit() 
     handle = JobHandle("scripted", "j1", "gp-j1", 1, "spot", time.time() - 100)
     runner([AttemptRecord.new(handle)]).cancel_duplicates({handle.job_id})
     assert saved == [1]  # records found: saved as before
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://127.0.0.1:1"}}]
+users: [{name: u, user: {token: "%s"}}]
+contexts: [{name: x, context: {cluster: c, user: u, namespace: default}}]
+current-context: x
+"""
+
+
+def test_kubernetes_api_objects_are_shared_until_the_kubeconfig_changes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gpu_provider.backends.kubernetes.calls import Api
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(KUBECONFIG % "token-1")
+    extra = {"kube_config_path": str(path)}
+    monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", json.dumps({"conn_type": "kubernetes", "extra": extra}))
+    first = Api("kubernetes_default").core
+    assert Api("kubernetes_default").core is first  # another task's backend object: no new client
+    path.write_text(KUBECONFIG % "token-2")  # a rotated token: a new client, with it
+    rotated = Api("kubernetes_default").core
+    assert rotated is not first
+    assert rotated.api_client.configuration.api_key["BearerToken"] == "Bearer token-2"
