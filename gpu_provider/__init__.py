@@ -12,9 +12,10 @@ The public names, all importable from here::
     from gpu_provider import path_segment, TEMPLATE_FILTERS                         # template filters
     from gpu_provider import GpuJobError, GpuJobFailedError, ...                    # the errors tasks raise
 
-Importing the package stays cheap (no Airflow, boto3 or kubernetes): the spec classes are defined in small
-modules, every other name is imported on first use. The subpackages (``gpu_provider.operators``,
-``gpu_provider.sensors``, ``gpu_provider.backends.<name>``, ``gpu_provider.runtime``) stay importable too.
+Importing the package stays cheap (no Airflow, boto3 or kubernetes): every name is imported on first use
+(the local backend's job supervisor, a new interpreter per job, imports this package and none of them).
+The subpackages (``gpu_provider.operators``, ``gpu_provider.sensors``, ``gpu_provider.backends.<name>``,
+``gpu_provider.runtime``) stay importable too.
 """
 
 from __future__ import annotations
@@ -22,20 +23,18 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gpu_provider.capacity import (
-    CapacityPolicy,
-    InstanceFallback,
-    Ladder,
-    LadderRung,
-    OnDemand,
-    Spot,
-    SpotFallback,
-    SpotReturn,
-)
-from gpu_provider.job import Checkpoint, GpuResources
-
 if TYPE_CHECKING:
     from gpu_provider.backends.base import JobIdentity, JobState, TaskKey
+    from gpu_provider.capacity import (
+        CapacityPolicy,
+        InstanceFallback,
+        Ladder,
+        LadderRung,
+        OnDemand,
+        Spot,
+        SpotFallback,
+        SpotReturn,
+    )
     from gpu_provider.exceptions import (
         GpuJobCancelledError,
         GpuJobDeadlineError,
@@ -44,6 +43,7 @@ if TYPE_CHECKING:
         GpuJobInterruptionBudgetError,
         GpuJobStoppedError,
     )
+    from gpu_provider.job import Checkpoint, GpuResources
     from gpu_provider.operators import GpuJobOperator, GpuReaperOperator
     from gpu_provider.sensors import CheckpointSensor, GpuJobSensor, SpotCapacitySensor
     from gpu_provider.templates import TEMPLATE_FILTERS, path_segment
@@ -52,6 +52,16 @@ __version__ = "0.4.0"
 
 #: the names imported on first use, and their modules
 _LAZY = {
+    "CapacityPolicy": "gpu_provider.capacity",
+    "InstanceFallback": "gpu_provider.capacity",
+    "OnDemand": "gpu_provider.capacity",
+    "Spot": "gpu_provider.capacity",
+    "SpotFallback": "gpu_provider.capacity",
+    "SpotReturn": "gpu_provider.capacity",
+    "Ladder": "gpu_provider.capacity",
+    "LadderRung": "gpu_provider.capacity",
+    "Checkpoint": "gpu_provider.job",
+    "GpuResources": "gpu_provider.job",
     "GpuJobOperator": "gpu_provider.operators",
     "GpuReaperOperator": "gpu_provider.operators",
     "CheckpointSensor": "gpu_provider.sensors",

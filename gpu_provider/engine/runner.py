@@ -168,7 +168,8 @@ class AttemptRunner:
             if self.cancel(extra, reason):
                 extra.update(JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
                 extra.collected = True
-        self.persist()
+        if self.engine.records or self.engine.summary is not None:  # a first try has nothing to save yet
+            self.persist()
 
     # --- ownership, read fresh before anything destructive ----------------------------------------
     def owned_later(self, record: AttemptRecord) -> bool | None:

@@ -124,7 +124,10 @@ def gpu_batch_emulator(gpu_job_cwd: Path) -> Iterator[BatchWorld]:
 def gpu_batch(gpu_batch_emulator: BatchWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[BatchWorld]:
     """The Batch emulator for one test: ``aws_default`` points at it; request log reset; faults cleared and
     every job left active terminated at teardown. Its queues are created again if something reset moto."""
+    from gpu_provider.backends.batch import known
+
     emulator = gpu_batch_emulator.emulator
+    known.forget()  # each test starts as a fresh worker process: no job definition or queue remembered
     _set_env(monkeypatch, gpu_batch_emulator.connection_env())
     emulator.create_environment(fair_share=gpu_batch_emulator.setup.fair_share_queue is not None)
     emulator.reset_requests()

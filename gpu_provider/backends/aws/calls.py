@@ -14,13 +14,16 @@ retries, and the backend looks the job name up before sending it again (see
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import random
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from gpu_provider.backends.common import keep_bounded
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobError
 from gpu_provider.extras import require_extra
 
@@ -48,6 +51,54 @@ PATIENT_ATTEMPTS = 10
 #: ``config_kwargs`` say otherwise: 3 retries
 DEFAULT_RETRIES = {"mode": "standard", "max_attempts": 3}
 
+#: most clients kept for the whole process (:data:`_SHARED_CLIENTS`)
+SHARED_CLIENTS_KEPT = 64
+#: clients every backend object of the process shares, per (service, retries, connection id, region, and a
+#: hash of what the client is built from: the connection's fields and the AWS_* environment). Building a boto3
+#: client costs 50-100 ms (its service model is read and parsed), and a worker builds a new backend object per
+#: task: without this, every launch paid it twice (the retrying client and SubmitJob's sending-once one).
+#: A changed connection (rotated keys, another endpoint) hashes differently, so it gets a new client; botocore
+#: clients are thread-safe and refresh expiring credentials (an assumed role) themselves.
+_SHARED_CLIENTS: dict[tuple[str, ...], BaseClient] = {}
+#: the boto3 session each of those clients was built from, per (connection id, region, hash): one session
+#: builds all of a connection's clients (boto3 sessions are not thread-safe: used under _SHARED_LOCK only)
+_SHARED_SESSIONS: dict[tuple[str, ...], Any] = {}
+#: the user agent the amazon hook adds to a connection's clients (see _with_user_agent)
+_USER_AGENTS: dict[tuple[str, ...], str] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _source_hash(hook: Any) -> str:
+    """A hash of everything a client of ``hook`` is built from: the Airflow connection's fields (none when it
+    does not exist: boto3's default credentials) and the process's ``AWS_*`` environment. Only the hash is kept."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        conn = hook.get_connection(hook.aws_conn_id) if hook.aws_conn_id else None
+    except AirflowNotFoundException:
+        conn = None
+    fields = (
+        None
+        if conn is None
+        else (conn.conn_type, conn.host, conn.login, conn.password, conn.schema, conn.port, conn.extra)
+    )
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
+    return hashlib.sha256(repr((fields, env)).encode()).hexdigest()
+
+
+def _with_user_agent(hook: Any, config: Any, source: tuple[str, ...]) -> Any:
+    """``config`` with the user agent the hook adds (Airflow and provider versions, the calling operator):
+    worked out once per connection for the process, since the hook finds its caller with ``inspect.stack()``
+    (50-300 ms: it reads every frame's source file)."""
+    from botocore.config import Config
+
+    agent = _USER_AGENTS.get(source)
+    if agent is None:
+        with_agent = hook._get_config(config)
+        keep_bounded(_USER_AGENTS, source, str(with_agent.user_agent_extra or ""), limit=SHARED_CLIENTS_KEPT)
+        return with_agent
+    return config.merge(Config(user_agent_extra=agent))
+
 
 class Clients:
     """boto3 clients of one backend (one per service), built on first use.
@@ -71,6 +122,7 @@ class Clients:
         self._build_lock = threading.Lock()
         self._clients: dict[str, BaseClient] = {}
         self._resolved_region: str | None = None
+        self._scope: str | None = None
 
     def get(self, service: str, *, automatic_retries: bool = True) -> BaseClient:
         """The client of ``service`` (``batch``, ``logs``); never waits for another caller.
@@ -99,15 +151,62 @@ class Clients:
         return client
 
     def build(self, service: str, *, automatic_retries: bool = True) -> BaseClient:
-        """A new client from the Airflow connection (its ``config_kwargs`` apply, e.g. ``retries``)."""
+        """The client from the Airflow connection (its ``config_kwargs`` apply, e.g. ``retries``): the one the
+        process built already from the same connection, region and environment, else a new one."""
         from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-        from botocore.config import Config
 
         hook = AwsBaseHook(aws_conn_id=self.aws_conn_id, region_name=self.region_name, client_type=service)
+        source = (self.aws_conn_id, self.region_name or "", _source_hash(hook))
+        self._scope = hashlib.sha256(repr(source).encode()).hexdigest()
+        key = (service, str(automatic_retries), *source)
+        client = _SHARED_CLIENTS.get(key)  # a plain dict read: no lock (a signal handler may be here)
+        if client is not None:
+            return client
+        if not _SHARED_LOCK.acquire(blocking=False):  # never wait: build one of this call's own, keep none
+            return self._new_client(hook, automatic_retries=automatic_retries)
+        try:
+            # one boto3 session per connection for the process: a session parses botocore's endpoint and
+            # service model files once, so the second client (SubmitJob's) costs little
+            session = _SHARED_SESSIONS.get(source)
+            if session is None:
+                session = hook.get_session(region_name=hook.region_name)
+                keep_bounded(_SHARED_SESSIONS, source, session, limit=SHARED_CLIENTS_KEPT)
+            client = self._new_client(hook, automatic_retries=automatic_retries, session=session, source=source)
+            keep_bounded(_SHARED_CLIENTS, key, client, limit=SHARED_CLIENTS_KEPT)
+        finally:
+            _SHARED_LOCK.release()
+        return client
+
+    @staticmethod
+    def _new_client(
+        hook: Any, *, automatic_retries: bool, session: Any = None, source: tuple[str, ...] = ()
+    ) -> BaseClient:
+        """A client as the hook's ``get_client_type`` builds it (its endpoint, ``verify``, user agent and the
+        connection's ``config_kwargs``), from ``session`` when given (a boto3 session of the same connection,
+        ``source``)."""
+        from botocore.config import Config
+
         config = Config(retries=dict(DEFAULT_RETRIES)).merge(hook.config)  # the connection's settings win
         if not automatic_retries:
             config = config.merge(Config(retries={"mode": "standard", "total_max_attempts": 1}))
-        return hook.get_client_type(region_name=hook.region_name, config=config)
+        if session is None:
+            return hook.get_client_type(region_name=hook.region_name, config=config)
+        service = hook.client_type
+        client: BaseClient = session.client(
+            service_name=service,
+            endpoint_url=hook.conn_config.get_service_endpoint_url(service_name=service),
+            config=_with_user_agent(hook, config, source),
+            verify=hook.verify,
+        )
+        return client
+
+    def scope(self) -> str:
+        """Who and where these clients talk to, as a key (a hash of the connection id, the region option, the
+        connection's fields and the ``AWS_*`` environment): facts learned from the service under one scope
+        (a job definition's ARN, a queue's policy) hold for every backend object of the process with it."""
+        if self._scope is None:
+            self.get(self.main_service)
+        return self._scope or ""
 
     @property
     def region(self) -> str:
@@ -146,6 +245,15 @@ def may_have_happened(err: BaseException) -> bool:
         status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         return is_throttling(err) or status >= 500
     return isinstance(err, (HTTPClientError, BotoConnectionError))
+
+
+def refused(err: BaseException) -> bool:
+    """Whether the service definitely refused a request (HTTP 4xx, not throttling): nothing was done."""
+    from botocore.exceptions import ClientError
+
+    if not isinstance(err, ClientError) or is_throttling(err):
+        return False
+    return 400 <= int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) < 500
 
 
 def backoff(attempt: int) -> float:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from gpu_provider import names
-from gpu_provider.backends.aws.calls import Clients
+from gpu_provider.backends.aws.calls import Clients, refused
 from gpu_provider.backends.aws.status import VISIBILITY_GRACE_S
 from gpu_provider.backends.base import (
     LOG_READ_BYTES,
@@ -44,7 +45,7 @@ from gpu_provider.backends.base import (
     TaskKey,
     lookup_key,
 )
-from gpu_provider.backends.batch import logs, lookups, options, ownership, requests, status
+from gpu_provider.backends.batch import known, logs, lookups, options, ownership, requests, status
 from gpu_provider.backends.batch.logs import TAIL_STREAMS
 from gpu_provider.backends.batch.lookups import ACTIVE_BATCH_STATES
 from gpu_provider.backends.batch.mapping import console_log_url
@@ -83,8 +84,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: job definitions whose ARN a backend object remembers (newest kept; one per task and content)
+#: job definitions whose ARN the process remembers per connection (newest kept; one per task and content)
 DEFINITIONS_KEPT = 256
+#: job queues whose policy the process remembers per connection
+QUEUES_KEPT = 256
 #: schedulingPriorityOverride range on fair-share queues
 PRIORITY_RANGE = (0, 9999)
 DEFAULT_MASTER_PORT = 29500
@@ -183,10 +186,7 @@ class BatchBackend(Backend):
 
         self._clients = Clients(self.aws_conn_id or "aws_default", self.region_name)
         self._jobs = BatchJobs(self._clients)
-        # caches of facts that never change; plain dict reads and writes (atomic), no lock: cancel()
-        # runs in a signal handler and must never wait for one
-        self._fair_share: dict[str, bool] = {}
-        self._definitions: dict[str, str] = {}
+        # job definitions and queue policies are remembered for the process, not this object (known.py)
 
     # --- configuration -------------------------------------------------------------------------
 
@@ -256,9 +256,9 @@ class BatchBackend(Backend):
 
     def _is_fair_share(self, queue: str) -> bool:
         """Whether the queue has a scheduling policy (then Batch requires shareIdentifier, else rejects it)."""
-        known = self._fair_share.get(queue)
-        if known is not None:
-            return known
+        remembered = self._known_queues().get(queue)
+        if remembered is not None:
+            return remembered
         info = self._jobs.describe_queue(queue)
         if info is None:
             raise GpuJobError(
@@ -268,8 +268,16 @@ class BatchBackend(Backend):
         if info.get("state") == "DISABLED":
             raise GpuJobError(f"AWS Batch job queue {queue!r} is DISABLED; enable it or use another queue")
         fair = bool(info.get("schedulingPolicyArn"))
-        self._fair_share[queue] = fair
+        keep_bounded(self._known_queues(), queue, fair, limit=QUEUES_KEPT)
         return fair
+
+    def _known_queues(self) -> dict[str, bool]:
+        """Whether each job queue is fair-share, as this process learned it (:mod:`.batch.known`)."""
+        return known.fair_share(self._clients.scope())
+
+    def _known_definitions(self) -> dict[str, str]:
+        """The ARN of each job definition, as this process learned it (:mod:`.batch.known`)."""
+        return known.definitions(self._clients.scope())
 
     def job_definition(self, request: JobRequest) -> dict[str, Any]:
         """The RegisterJobDefinition body of a request (:func:`~.batch.requests.job_definition`)."""
@@ -278,7 +286,7 @@ class BatchBackend(Backend):
     def _definition_arn(self, body: dict[str, Any]) -> str:
         """The ARN of the job definition ``body``: its newest ACTIVE revision, else registered now."""
         name = str(body["jobDefinitionName"])
-        arn = self._definitions.get(name)
+        arn = self._known_definitions().get(name)
         if arn:
             return arn
         revisions = self._jobs.active_definitions(name)
@@ -288,7 +296,7 @@ class BatchBackend(Backend):
         else:
             arn = self._jobs.register_definition(body)
             log.info("Registered Batch job definition %s.", arn)
-        keep_bounded(self._definitions, name, arn, limit=DEFINITIONS_KEPT)
+        keep_bounded(self._known_definitions(), name, arn, limit=DEFINITIONS_KEPT)
         return arn
 
     # --- the contract --------------------------------------------------------------------------
@@ -320,19 +328,42 @@ class BatchBackend(Backend):
         self.validate_image(request.image)
         identity = request.identity
         queue = self._queue(request.capacity, request.instance_type)
+        queue_known = queue in self._known_queues()
         self._is_fair_share(queue)  # a queue that does not exist or is disabled: a clear error first
-        existing = self._find_attempt(identity, queue)
-        if existing is not None:
-            log.info(
-                "AWS Batch job %s (id %s) exists already for this attempt: adopting it instead of submitting again.",
-                existing.name,
-                existing.job_id,
-            )
-            return existing
         definition = self.job_definition(request)
-        arn = self._definition_arn(definition)
-        body = self.submit_body(request, arn, priority=request.priority)
-        job_id, job_arn = self._send_submit(identity, body)
+        name = str(definition["jobDefinitionName"])
+        remembered = queue_known or name in self._known_definitions()
+        # the job definition is looked up (and registered when no revision exists) while the create-or-adopt
+        # lookup runs: neither changes a job, and SubmitJob is sent only after the lookup found none
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-batch-definition") as pool:
+            arn = pool.submit(self._definition_arn, definition)
+            existing = self._find_attempt(identity, queue)
+            if existing is not None:
+                log.info(
+                    "AWS Batch job %s (id %s) exists already for this attempt: adopting it instead of submitting "
+                    "again.",
+                    existing.name,
+                    existing.job_id,
+                )
+                return existing
+            body = self.submit_body(request, arn.result(), priority=request.priority)
+        try:
+            job_id, job_arn = self._send_submit(identity, body)
+        except Exception as err:
+            if not (remembered and refused(err)):
+                raise
+            # nothing was created; what the body was built from may be stale (a definition deregistered
+            # behind our back, a queue changed): forget it, look it up again and send once more
+            log.info(
+                "AWS Batch refused SubmitJob for %s (%s); looking its job definition and queue up again and "
+                "sending it once more.",
+                identity.name,
+                err,
+            )
+            self._known_definitions().pop(name, None)
+            self._known_queues().pop(queue, None)
+            self._is_fair_share(queue)
+            job_id, job_arn = self._send_submit(identity, self._body(request, definition))
         return JobHandle(
             backend=self.name,
             job_id=job_id,
@@ -349,6 +380,9 @@ class BatchBackend(Backend):
                 "nodes": request.resources.nodes,
             },
         )
+
+    def _body(self, request: JobRequest, definition: dict[str, Any]) -> dict[str, Any]:
+        return self.submit_body(request, self._definition_arn(definition), priority=request.priority)
 
     def _send_submit(self, identity: JobIdentity, body: dict[str, Any]) -> tuple[str, str]:
         """SubmitJob once per try (no automatic retries); after an error that may have created the job,

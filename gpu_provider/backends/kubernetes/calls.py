@@ -11,14 +11,18 @@ full-jitter backoff within a bound, as the Batch backend's calls are.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
+import os
 import random
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from gpu_provider.backends.common import keep_bounded
 from gpu_provider.exceptions import GpuBackendThrottledError
 
 log = logging.getLogger(__name__)
@@ -64,6 +68,45 @@ def call(what: str, fn: Callable[[], T], *, attempts: int = PATIENT_ATTEMPTS) ->
     raise AssertionError("unreachable")
 
 
+#: how long a process shares the API objects built from one connection and kubeconfig: a token fetched by a
+#: kubeconfig ``exec`` plugin (EKS: 15 minutes) is loaded when they are built, so no shared client gets old
+SHARED_API_TTL_S = 300.0
+#: most API object pairs kept for the process
+SHARED_APIS_KEPT = 16
+_SHARED_APIS: dict[str, tuple[float, tuple[Any, Any]]] = {}
+_SHARED_LOCK = threading.Lock()
+#: the in-cluster service account token (rotated by the kubelet: a new token is a new client)
+_TOKEN_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def _source_hash(hook: Any) -> str | None:
+    """A hash of what the hook builds its client from: the connection's fields, the ``KUBECONFIG`` and
+    ``KUBERNETES_*`` environment and the bytes of the kubeconfig files and the service account token it may
+    read; ``None`` (nothing shared) when the connection cannot be read."""
+    try:
+        conn = hook.get_connection(hook.conn_id) if hook.conn_id else None
+        extras = conn.extra_dejson if conn is not None else {}
+    except Exception:
+        return None
+    fields = (
+        None
+        if conn is None
+        else (conn.conn_type, conn.host, conn.login, conn.password, conn.schema, conn.port, conn.extra)
+    )
+    paths = [extras.get("kube_config_path") or extras.get("extra__kubernetes__kube_config_path") or ""]
+    paths += os.environ.get("KUBECONFIG", "").split(os.pathsep)
+    paths += [os.path.expanduser("~/.kube/config"), _TOKEN_FILE]
+    digest = hashlib.sha256(repr(fields).encode())
+    for path in paths:
+        digest.update(b"\0" + path.encode())
+        if path:
+            with contextlib.suppress(OSError), open(path, "rb") as f:
+                digest.update(f.read(4 * 1024 * 1024))
+    env = sorted((k, v) for k, v in os.environ.items() if k == "KUBECONFIG" or k.startswith("KUBERNETES_"))
+    digest.update(repr(env).encode())
+    return digest.hexdigest()
+
+
 class Api:
     """The ``kubernetes`` API objects of one backend, built on first use from the Airflow connection.
 
@@ -77,11 +120,24 @@ class Api:
         self._apis: tuple[Any, Any] | None = None
 
     def _build(self) -> tuple[Any, Any]:
+        """The API objects the process built from the same connection and kubeconfig in the last
+        :data:`SHARED_API_TTL_S` seconds (a worker builds a backend object per task), else new ones."""
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
         from kubernetes import client
 
-        api_client = KubernetesHook(conn_id=self.conn_id).get_conn()
-        return client.CoreV1Api(api_client), client.BatchV1Api(api_client)
+        hook = KubernetesHook(conn_id=self.conn_id)
+        key = _source_hash(hook)
+        shared = _SHARED_APIS.get(key) if key else None  # a plain dict read: no lock (a signal handler may be here)
+        if shared is not None and time.monotonic() - shared[0] < SHARED_API_TTL_S:
+            return shared[1]
+        api_client = hook.get_conn()
+        apis = (client.CoreV1Api(api_client), client.BatchV1Api(api_client))
+        if key and _SHARED_LOCK.acquire(blocking=False):  # never wait: keep them next time instead
+            try:
+                keep_bounded(_SHARED_APIS, key, (time.monotonic(), apis), limit=SHARED_APIS_KEPT)
+            finally:
+                _SHARED_LOCK.release()
+        return apis
 
     def _get(self) -> tuple[Any, Any]:
         apis = self._apis

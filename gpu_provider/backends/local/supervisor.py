@@ -39,8 +39,9 @@ from typing import Any
 
 from gpu_provider.backends.local import common
 from gpu_provider.backends.local.gpus import Allocation, allocate, format_devices, never_fits, release
-from gpu_provider.runtime.faults import fault_in_line
-from gpu_provider.runtime.output import end_of_log_line
+
+# gpu_provider.runtime (fault_in_line, end_of_log_line) is imported where it is used, after the nodes have
+# started: its package imports the checkpoint code, which would otherwise delay every job's start
 
 #: how often the supervisor looks at its node processes (and at cancel requests)
 _TICK_S = 0.05
@@ -300,6 +301,8 @@ class Supervisor:
 
     def _mark_ends(self, nodes: int) -> None:
         """Each node's end-of-log marker, after all its output: the task stops reading the log at once."""
+        from gpu_provider.runtime.output import end_of_log_line
+
         for rank, proc in enumerate(self.procs):
             if proc.returncode is not None:
                 line = end_of_log_line(rank, nodes, _exit_code(proc.returncode))
@@ -440,6 +443,8 @@ class Supervisor:
         """Remember the first GPU hardware fault a node's output reports (``gpu_provider.runtime.faults``)."""
         if self.fault is not None:
             return
+        from gpu_provider.runtime.faults import fault_in_line
+
         kind = fault_in_line(bytes(lines).decode("utf-8", "replace"), nodes=int(self.request["resources"]["nodes"]))
         if kind is not None:
             self.fault = (rank, kind)

@@ -38,12 +38,13 @@ What it adds to moto (moto 5.2.5; everything is undone by :meth:`BatchEmulator.s
   :meth:`~BatchEmulator.set_status_reason` and ``hold(queue, reason=...)`` (the ``statusReason`` of a
   RUNNABLE job: ``CAPACITY:...``, ``MISCONFIGURATION:...``).
 * **Request log:** every Batch and CloudWatch Logs request, parsed, see :meth:`~BatchEmulator.requests`.
-* **Real-Batch rules moto does not enforce** are answered with ``ClientException`` (HTTP 400): more than
-  100 ids in DescribeJobs; SubmitJob to a fair-share queue without ``shareIdentifier`` or without a
-  scheduling priority (job definition ``schedulingPriority`` or ``schedulingPriorityOverride``);
+* **Real-Batch rules moto does not enforce** are answered with ``ClientException`` (HTTP 400): more than 100 ids
+  in DescribeJobs; SubmitJob to a fair-share queue without ``shareIdentifier`` or without a scheduling priority
+  (job definition ``schedulingPriority`` or ``schedulingPriorityOverride``);
   ``shareIdentifier``/``schedulingPriorityOverride`` on a queue without a scheduling policy; more than one
-  ListJobs filter. ListJobs without ``jobStatus`` or filters returns RUNNING jobs only, filtered
-  results come newest first and leave out array children (moto: every status, queue order).
+  ListJobs filter; SubmitJob on a job definition revision that is not ACTIVE (deregistered). ListJobs without
+  ``jobStatus`` or filters returns RUNNING jobs only, filtered results come newest first and leave out array
+  children (moto: every status, queue order).
 
 The parts: the job runner (states, processes, logs, multi-node views) is
 :mod:`~gpu_provider.testing.emulators.aws_batch_jobs`, the API side (routing, moto's patches, the rules above)

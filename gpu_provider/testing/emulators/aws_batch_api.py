@@ -132,6 +132,10 @@ class BatchApi:
                 **kwargs: Any,
             ) -> Any:
                 body = current_body("SubmitJob")
+                job_def = backend.get_job_definition(job_def_id)
+                if job_def is not None and getattr(job_def, "status", "ACTIVE") != "ACTIVE":
+                    # moto accepts it; Batch takes new jobs on ACTIVE revisions only
+                    raise ClientException(f"Job definition {job_def_id} is {job_def.status}: it cannot take new jobs.")
                 queue = backend.get_job_queue(job_queue)
                 if body is not None and queue is not None:
                     emulator._check_scheduling(backend, queue, job_def_id, body)

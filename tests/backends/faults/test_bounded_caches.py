@@ -95,7 +95,7 @@ def test_the_batch_backend_remembers_a_bounded_number_of_job_definitions(
     try:
         backend = world.backend()
         handles = [backend.submit(world.request(f"def{n}", py(f"print({n})"))) for n in range(3)]
-        assert len(backend._definitions) == 2  # type: ignore[attr-defined]
+        assert len(backend._known_definitions()) == 2  # type: ignore[attr-defined]
         assert len(batch.bodies("RegisterJobDefinition")) == 3
         for handle in handles:
             backend.cancel(handle, "bounded caches test teardown")
