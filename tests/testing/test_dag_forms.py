@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
+from tests.checker_runs import Checked, run_checks
 from tests.harness import Harness
 
 TASK = 'GpuJobOperator(task_id="job", command=[sys.executable, "-c", "print(1)"], {extra})'
@@ -47,39 +46,6 @@ def check(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120, env=dict(os.environ))
 
 
-class Checked(NamedTuple):
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-#: runs ``gpu_provider.cli.main`` (what the ``gpu-provider`` script calls) once per named argument list, in one
-#: process, each with its own stdout and stderr; an exit or an escaping exception ends up as the interpreter
-#: would show it (the message or the traceback on stderr, status 1)
-_CHECKS = r"""
-import contextlib, io, json, sys, traceback
-from gpu_provider.cli import main
-
-results = {}
-for name, argv in json.loads(sys.argv[1]).items():
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(argv)
-        except SystemExit as stop:
-            code = stop.code
-            if code is not None and not isinstance(code, int):
-                print(code, file=sys.stderr)
-                code = 1
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    results[name] = [code or 0, out.getvalue(), err.getvalue()]
-with open(sys.argv[2], "w") as written:
-    json.dump(results, written)
-"""
-
-
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checked]:
     """Every checker run of this module's tests, named, made in one process: Airflow is imported once, not
@@ -96,17 +62,7 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checked]:
     dated.mkdir()
     needs_date = 'checkpoint="file:///data/{{ ds }}/{{ run_id | path_segment }}"'
     runs["needs-logical-date"] = ["--dag", str(write(dated, "with_no_as", extra=needs_date))]
-    results = folder / "results.json"
-    argv = {name: ["check", *args] for name, args in runs.items()}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHECKS, json.dumps(argv), str(results)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ),
-    )
-    assert done.returncode == 0 and results.exists(), done.stdout[-3000:] + done.stderr[-3000:]
-    return {name: Checked(*result) for name, result in json.loads(results.read_text()).items()}
+    return run_checks(runs, folder)
 
 
 @pytest.mark.parametrize("form", sorted(set(FORMS) - {"two"}))
