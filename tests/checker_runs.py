@@ -15,7 +15,11 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["Checked", "run_checks"]
+__all__ = ["PROCESS", "Checked", "run_checks"]
+
+#: the key of what the runs wrote to the process's own stdout and stderr, not to their captured streams (log
+#: lines: Airflow's handlers write to the streams of the start); a run's traceback logged there shows here
+PROCESS = "(the process)"
 
 
 class Checked(NamedTuple):
@@ -52,7 +56,8 @@ with open(sys.argv[2], "w") as written:
 
 def run_checks(runs: dict[str, list[str]], folder: Path, env: dict[str, str] | None = None) -> dict[str, Checked]:
     """Run ``gpu-provider check ARGS`` for each named ``ARGS`` of ``runs`` in one child process (environment
-    ``env``, default this process's); each run's result by its name. ``folder`` receives the results file."""
+    ``env``, default this process's); each run's result by its name, and under :data:`PROCESS` the process's
+    own output. ``folder`` receives the results file."""
     results = folder / "checker-results.json"
     done = subprocess.run(
         [sys.executable, "-c", _RUNNER, json.dumps(runs), str(results)],
@@ -62,4 +67,7 @@ def run_checks(runs: dict[str, list[str]], folder: Path, env: dict[str, str] | N
         env=dict(os.environ) if env is None else env,
     )
     assert done.returncode == 0 and results.exists(), done.stdout[-3000:] + done.stderr[-3000:]
-    return {name: Checked(*result) for name, result in json.loads(results.read_text()).items()}
+    checked = {name: Checked(*result) for name, result in json.loads(results.read_text()).items()}
+    # every run's log lines: log handlers keep the streams they were given, not the captured ones
+    checked[PROCESS] = Checked(done.returncode, done.stdout, done.stderr)
+    return checked

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.checker_runs import Checked, run_checks
+from tests.checker_runs import PROCESS, Checked, run_checks
 from tests.harness import Harness
 
 TASK = 'GpuJobOperator(task_id="job", command=[sys.executable, "-c", "print(1)"], {extra})'
@@ -85,6 +85,7 @@ def test_the_checker_checks_every_dag_of_a_file_or_the_one_named(checked: dict[s
     assert missing.returncode == 1
     assert "no DAG 'nope'; its DAGs: ['form_two', 'form_two_other']" in missing.stderr
     assert "Traceback" not in missing.stderr
+    assert "Traceback" not in checked[PROCESS].stderr + checked[PROCESS].stdout, "a run logged a traceback"
 
 
 def test_the_checker_reports_a_file_airflow_cannot_import_in_one_line(tmp_path: Path) -> None:
