@@ -46,6 +46,9 @@ os.environ.update(
         # tasks that do not set poll_interval poll often (the local backend's default is 2 s); a
         # test that is about the default removes this with monkeypatch
         "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "0.3",
+        # after a job without end-of-log markers ends, read for late lines every 0.2 s, not every 1 s (the
+        # emulators have every line in before they report the end); tests/engine/test_end_of_log.py checks it
+        "AIRFLOW__GPU_PROVIDER__LOG_SETTLE_READ_S": "0.2",
     }
 )
 (_HOME / "dags").mkdir()
