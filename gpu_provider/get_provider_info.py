@@ -158,6 +158,16 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "50",
                         "default": "10",
                     },
+                    "log_settle_read_s": {
+                        "description": "Seconds between two reads of a job's log after the job ended, while the task "
+                        "waits for late lines of a job whose log has no end-of-log marker from every node (a job not "
+                        "started through the runtime helper). Two reads in a row that bring nothing end the wait; "
+                        "the backend caps it (Batch and SageMaker: 6 s). Between 0.05 and 60.",
+                        "version_added": "0.5.0",
+                        "type": "float",
+                        "example": "2",
+                        "default": "1",
+                    },
                     "refuse_secrets_in_env": {
                         "description": "Refuse (a DAG import error) instead of warning when a GpuJobOperator passes "
                         "a secret through env= to a remote backend: a template reading a connection's password or "

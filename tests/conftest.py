@@ -8,6 +8,7 @@ fixture on one worker.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,14 +46,37 @@ os.environ.update(
         # tasks that do not set poll_interval poll often (the local backend's default is 2 s); a
         # test that is about the default removes this with monkeypatch
         "AIRFLOW__GPU_PROVIDER__POLL_INTERVAL": "0.3",
+        # after a job without end-of-log markers ends, read for late lines every 0.2 s, not every 1 s (the
+        # emulators have every line in before they report the end); tests/engine/test_end_of_log.py checks it
+        "AIRFLOW__GPU_PROVIDER__LOG_SETTLE_READ_S": "0.2",
     }
 )
 (_HOME / "dags").mkdir()
 
 
 @pytest.fixture(scope="session")
-def airflow_home() -> Iterator[Path]:
-    """A migrated metadata DB in the private Airflow home (about 5 s, once per session)."""
+def airflow_home(request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A migrated metadata DB in the private Airflow home. ``airflow db migrate`` takes about 5 s (3 CPU s):
+    under xdist the first worker that needs it migrates and leaves a copy of the fresh DB in a folder the
+    controller named, and the other workers copy that file instead of migrating again."""
+    workerinput: dict[str, Any] | None = getattr(request.config, "workerinput", None)
+    shared = workerinput.get(_FRESH_DB_KEY) if workerinput else None
+    if shared is None:
+        _migrate()
+    else:
+        with (Path(shared) / "lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one worker migrates; the others wait for its copy
+            fresh = Path(shared) / "airflow.db"
+            if fresh.exists():
+                shutil.copyfile(fresh, _HOME / "airflow.db")
+            else:
+                _migrate()
+                shutil.copyfile(_HOME / "airflow.db", Path(shared) / "airflow.db.part")
+                os.replace(Path(shared) / "airflow.db.part", fresh)
+    yield _HOME
+
+
+def _migrate() -> None:
     subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"],
         check=True,
@@ -59,7 +84,25 @@ def airflow_home() -> Iterator[Path]:
         stderr=subprocess.PIPE,
         env=dict(os.environ),
     )
-    yield _HOME
+
+
+#: the workers' input key naming the folder of the freshly migrated metadata DB (see ``airflow_home``)
+_FRESH_DB_KEY = "gpu_provider_fresh_db_dir"
+_FRESH_DB_DIR = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    config: pytest.Config = node.config
+    if _FRESH_DB_DIR not in config.stash:
+        config.stash[_FRESH_DB_DIR] = Path(tempfile.mkdtemp(prefix="gpu-provider-fresh-db-"))
+    node.workerinput[_FRESH_DB_KEY] = str(config.stash[_FRESH_DB_DIR])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_FRESH_DB_DIR, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -53,7 +53,8 @@ def test_tests_sharing_a_module_fixture_or_a_group_mark_run_on_one_worker(tmp_pa
     (project / "test_marked_a.py").write_text(MARKED.format(group="together", name="a"))
     (project / "test_marked_b.py").write_text(MARKED.format(group="together", name="b"))
     (project / "test_free.py").write_text(FREE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not this run's worker id
+    # not this run's worker id, nor its timeline (the inner run's tests would be written into it)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k != "GPU_PROVIDER_TEST_TIMELINE"}
     env.update(OUT=str(out), PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     pytest_args = ["-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-n", "2", "--dist", "loadgroup"]
     result = subprocess.run(

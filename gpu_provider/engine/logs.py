@@ -13,6 +13,7 @@ marker lines are not copied as job output: each node's end is said once, plainly
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -22,8 +23,33 @@ from gpu_provider.backends.base import Backend, JobHandle, provider_config
 DEFAULT_TASK_LOG_MAX_MIB = 10.0
 #: chunks read per call of :meth:`LogForwarder.pump` while the job runs (the rest comes next tick)
 CHUNKS_PER_PUMP = 8
-#: seconds between reads while waiting for late lines after the end
+#: seconds between reads while waiting for late lines after the end (``[gpu_provider] log_settle_read_s``)
 SETTLE_READ_S = 1.0
+#: the bounds of ``[gpu_provider] log_settle_read_s``
+SETTLE_READ_BOUNDS_S = (0.05, 60.0)
+
+
+def settle_read_s() -> float:
+    """``[gpu_provider] log_settle_read_s``: seconds between the reads for late lines (unset: the default).
+
+    Read after the job ended: a bad value is said in a warning and the default used, rather than fail a task
+    whose job succeeded."""
+    raw = provider_config("log_settle_read_s")
+    low, high = SETTLE_READ_BOUNDS_S
+    try:
+        seconds = float(raw) if raw else SETTLE_READ_S
+    except ValueError:
+        seconds = float("nan")
+    if low <= seconds <= high:  # not nan
+        return seconds
+    logging.getLogger(__name__).warning(
+        "[gpu_provider] log_settle_read_s=%r must be a number of seconds between %g and %g: using %g s.",
+        raw,
+        low,
+        high,
+        SETTLE_READ_S,
+    )
+    return SETTLE_READ_S
 
 
 def task_log_cap_bytes() -> int:
@@ -167,8 +193,9 @@ class LogForwarder:
         deadline = time.monotonic() + (self.backend.log_settle_s if seconds is None else seconds)
         self.pump(drain=True)
         quiet = 0
+        read_s = settle_read_s()
         while time.monotonic() < deadline and quiet < 2 and not self.all_ended:
-            time.sleep(min(SETTLE_READ_S, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(read_s, max(0.0, deadline - time.monotonic())))
             quiet = 0 if self.pump(drain=True) else quiet + 1
             if not self.lines_read:
                 quiet = 0  # nothing at all yet: wait for the first lines until the deadline

@@ -64,10 +64,13 @@ def test_dag_file_parses_without_import_errors(airflow_home: Path) -> None:
 
 
 def test_pipeline_runs_end_to_end_with_one_interruption(harness: Harness) -> None:
+    """`make demo` as a test. The run is also sent the keys the form once had (interpreter, job folder, data
+    root, image): they change nothing."""
     dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
     shutil.copy(DAG_FILE, dag_file)
     data_root = harness.tmp / "data"
-    conf = {"epochs": 3, "step_delay": 0.04, "simulate_preemption_after": "3"}
+    elsewhere, marker, canary = _conf_keys_outside_the_form(harness.tmp)
+    conf = {"epochs": 3, "step_delay": 0.04, "simulate_preemption_after": "3", **canary}
     run = harness.run(
         dag_file,
         "gpu_ml_pipeline",
@@ -94,6 +97,27 @@ def test_pipeline_runs_end_to_end_with_one_interruption(harness: Harness) -> Non
     metrics = json.loads((Path(infer["output_uri"].removeprefix("file://")) / "metrics.json").read_text())
     assert metrics["accuracy"] > 0.8
     _check_evaluation(run, train)
+    # the keys outside the form had no effect
+    assert not marker.exists(), "the interpreter from the conf ran"
+    assert not elsewhere.exists(), "something was written under the data root from the conf"
+    outputs = [run.task(t)["xcom"]["output_uri"] for t in ("preprocess", "train", "batch_inference", "evaluate")]
+    assert all(uri.startswith(data_root.as_uri() + "/2026-02-23/") for uri in outputs), outputs
+
+
+def _conf_keys_outside_the_form(tmp: Path) -> tuple[Path, Path, dict[str, Any]]:
+    """Conf keys the form once had, pointing elsewhere, and a canary interpreter that leaves a marker when it
+    runs: (the folder they name, the marker, the keys)."""
+    elsewhere, marker = tmp / "elsewhere", tmp / "ran"
+    canary = tmp / "canary.sh"
+    canary.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    canary.chmod(0o755)
+    keys = {
+        "python": str(canary),
+        "jobs_dir": str(elsewhere),
+        "data_root": elsewhere.as_uri(),
+        "image": "attacker/image:latest",
+    }
+    return elsewhere, marker, keys
 
 
 def _check_evaluation(run: Any, train: dict[str, Any]) -> None:
@@ -328,39 +352,6 @@ def test_a_run_with_a_hostile_backend_is_refused_before_any_job(harness: Harness
     assert not out.exists()
     assert "ParamValidationError" in log.read_text()
     assert not (harness.state_dir / "jobs").exists() or not any((harness.state_dir / "jobs").iterdir())
-
-
-def test_conf_keys_outside_the_form_have_no_effect(harness: Harness) -> None:
-    """The keys the form once had (interpreter, job folder, data root, image) change nothing when sent anyway."""
-    dag_file = harness.home / "dags" / "gpu_ml_pipeline.py"
-    shutil.copy(DAG_FILE, dag_file)
-    data_root, elsewhere, marker = harness.tmp / "data", harness.tmp / "elsewhere", harness.tmp / "ran"
-    canary = harness.tmp / "canary.sh"
-    canary.write_text(f"#!/bin/sh\ntouch {marker}\n")
-    canary.chmod(0o755)
-    conf = {
-        "python": str(canary),
-        "jobs_dir": str(elsewhere),
-        "data_root": elsewhere.as_uri(),
-        "image": "attacker/image:latest",
-        "epochs": 1,
-        "step_delay": 0,
-    }
-    run = harness.run(
-        dag_file,
-        "gpu_ml_pipeline",
-        logical_date="2026-03-02T00:00:00+00:00",
-        conf=conf,
-        extra_env={
-            "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(harness.state_dir),
-            "GPU_PIPELINE_DATA_ROOT": data_root.as_uri(),
-        },
-    )
-    assert run.result["state"].endswith("success"), run.log[-4000:]
-    assert not marker.exists(), "the interpreter from the conf ran"
-    assert not elsewhere.exists(), "something was written under the data root from the conf"
-    outputs = [run.task(t)["xcom"]["output_uri"] for t in ("preprocess", "train", "batch_inference", "evaluate")]
-    assert all(uri.startswith(data_root.as_uri() + "/2026-02-23/") for uri in outputs), outputs
 
 
 @pytest.mark.parametrize(

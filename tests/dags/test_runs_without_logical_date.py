@@ -6,14 +6,14 @@ The asset-triggered run itself (Airflow's scheduler creating it) is in tests/int
 
 from __future__ import annotations
 
+import os
 import shutil
-import subprocess
-import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from tests.checker_runs import Checked, run_checks
 from tests.harness import REPO, Harness
 
 PIPELINE = REPO / "dags" / "gpu_ml_pipeline.py"
@@ -105,15 +105,22 @@ def test_the_retraining_dag_takes_only_a_dataset_folder(uri: str) -> None:
     assert dataset_folder("file:///data/2026-01-05/dataset/") == "file:///data/2026-01-05/dataset"
 
 
-@pytest.mark.parametrize("dag_file", sorted((REPO / "dags").glob("*.py")), ids=lambda p: p.name)
-def test_every_shipped_dags_checkpoint_uris_render_without_a_logical_date(dag_file: Path, tmp_path: Path) -> None:
+SHIPPED = sorted((REPO / "dags").glob("*.py"))
+
+
+@pytest.fixture(scope="module")
+def shipped_checked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checked]:
+    """The checker (``gpu-provider check --dag``) on every shipped DAG file, all in one process."""
+    folder = tmp_path_factory.mktemp("shipped")
+    env = {**os.environ, "GPU_PIPELINE_DATA_ROOT": folder.as_uri()}
+    return run_checks({dag_file.name: ["--dag", str(dag_file)] for dag_file in SHIPPED}, folder, env)
+
+
+@pytest.mark.parametrize("dag_file", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_dags_checkpoint_uris_render_without_a_logical_date(
+    dag_file: Path, shipped_checked: dict[str, Checked]
+) -> None:
     """The checker renders each checkpoint URI for a run without a logical date too, as Airflow's context has it."""
-    done = subprocess.run(
-        [sys.executable, "-m", "gpu_provider.testing.check", "--dag", str(dag_file)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**__import__("os").environ, "GPU_PIPELINE_DATA_ROOT": tmp_path.as_uri()},
-    )
+    done = shipped_checked[dag_file.name]
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "[FAIL]" not in done.stdout and "[????]" not in done.stdout, done.stdout

@@ -20,6 +20,7 @@ from gpu_provider.backends.batch import MULTI_NODE_ENTRY as BATCH_ENTRY
 from gpu_provider.backends.batch import BatchBackend
 from gpu_provider.backends.common import END_OF_LOG_COMMAND
 from gpu_provider.backends.sagemaker.backend import MULTI_NODE_ENTRY as SAGEMAKER_ENTRY
+from gpu_provider.engine import logs
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.runtime.output import EndOfLog, end_of_log_line, parse_end_of_log
 from tests.backends import test_batch_backend as batch_tests
@@ -124,6 +125,40 @@ def test_a_job_without_the_helper_still_gets_its_late_lines(
         reader.settle()
     assert _copied(caplog) == ["[job] early", "[job] a late line"]
     assert reader.node_ends == {} and not reader.all_ended
+
+
+@pytest.mark.parametrize(
+    ("setting", "between_reads"),
+    [(None, logs.SETTLE_READ_S), ("0.05", 0.05), ("2.5", 2.5), ("0", logs.SETTLE_READ_S), ("soon", logs.SETTLE_READ_S)],
+    ids=["default", "short", "long", "below-the-bounds", "not-a-number"],
+)
+def test_the_reads_for_late_lines_come_as_often_as_configured(
+    scripted: type[ScriptedBackend],  # noqa: F811 (the fixture)
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    setting: str | None,
+    between_reads: float,
+) -> None:
+    """``[gpu_provider] log_settle_read_s`` paces the reads after the end (the suite sets it short); a bad value
+    is said in a warning and the default used: the job has ended, its task is not failed for it."""
+    if setting is None:
+        monkeypatch.delenv("AIRFLOW__GPU_PROVIDER__LOG_SETTLE_READ_S", raising=False)
+    else:
+        monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__LOG_SETTLE_READ_S", setting)
+    slept: list[float] = []
+    monkeypatch.setattr(logs.time, "sleep", slept.append)  # the reader's pauses, not taken
+    _Logs.reads, _Logs.late = 0, []
+    ScriptedBackend.log_lines["j1"] = ["early"]
+    with caplog.at_level(logging.WARNING, logger=logs.__name__):
+        LogForwarder(_Logs(), _handle(), log).settle()
+    assert slept == [between_reads, between_reads], "two quiet reads after the first, paced as configured"
+    warnings = [r.getMessage() for r in caplog.records if r.name == logs.__name__]
+    if setting in ("0", "soon"):
+        assert warnings == [
+            f"[gpu_provider] log_settle_read_s={setting!r} must be a number of seconds between 0.05 and 60: using 1 s."
+        ]
+    else:
+        assert warnings == []
 
 
 def test_a_two_node_local_job_marks_the_end_of_every_node(local: Local, caplog: pytest.LogCaptureFixture) -> None:

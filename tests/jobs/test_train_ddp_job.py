@@ -18,12 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, Harness
+from gpu_provider.backends.local import LocalBackend
+from tests.harness import REPO, Harness, wait_for
 
 TORCH = "2.13.0"
-EPOCHS, STEPS_PER_EPOCH, STEP_DELAY = 2, 30, 0.5
-#: seconds of training (the steps' pacing): long against how much torch's start-up varies between runs
-TRAINING_S = EPOCHS * STEPS_PER_EPOCH * STEP_DELAY
+EPOCHS, STEPS_PER_EPOCH, STEP_DELAY = 2, 30, 0.2
+#: the spot run is interrupted once its first checkpoint (this step) is published: mid-training however long
+#: torch takes to start; the steps after it (10 s at STEP_DELAY) leave room for a loaded machine to act on it
+CHECKPOINT_EVERY = 10
 
 
 @pytest.fixture(scope="session")
@@ -58,10 +60,7 @@ def torch_python() -> Path:
     return python
 
 
-def _ddp_task(
-    harness: Harness, python: Path, name: str, capacity: str, data: Path, interrupt_after: float | None
-) -> str:
-    preemptions = [] if interrupt_after is None else [interrupt_after]
+def _ddp_task(harness: Harness, python: Path, name: str, capacity: str, data: Path) -> str:
     torchrun = python.parent / "torchrun"
     script = (
         'exec "$0" --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node 1 '
@@ -85,16 +84,14 @@ def _ddp_task(
         "--steps-per-epoch",
         str(STEPS_PER_EPOCH),
         "--checkpoint-every",
-        "10",
+        str(CHECKPOINT_EVERY),
         "--step-delay",
         str(STEP_DELAY),
     ]
     return f"""
     GpuJobOperator(
         task_id="job",
-        backend=LocalBackend(
-            state_dir={str(harness.state_dir)!r}, simulate_preemptions={preemptions!r}, grace_period=60
-        ),
+        backend=LocalBackend(state_dir={str(harness.state_dir)!r}, grace_period=60),
         command={command!r},
         env={{"OMP_NUM_THREADS": "1"}},
         resources=GpuResources(gpus=1, nodes=2),
@@ -109,23 +106,20 @@ def _ddp_task(
 def test_ddp_training_interrupted_once_resumes_to_the_same_model_as_an_uninterrupted_run(
     harness: Harness, torch_python: Path, dataset: Path
 ) -> None:
-    # one dag.test at a time (they share a SQLite metadata DB); the uninterrupted run first: when its
-    # training started (torch's start-up takes seconds, more on a busy machine) places the interruption
-    # of the spot run in the middle of its training. The start: the newest checkpoint's time less the
-    # steps before it at the pace the last two checkpoints show
-    dag = harness.write_dag("ddp_plain", _ddp_task(harness, torch_python, "plain", "on_demand", dataset, None))
+    # one dag.test at a time (they share a SQLite metadata DB): the uninterrupted run first
+    dag = harness.write_dag("ddp_plain", _ddp_task(harness, torch_python, "plain", "on_demand", dataset))
     plain = harness.run(dag, "ddp_plain", timeout=420)
     assert plain.task()["state"] == "success", plain.log[-4000:]
-    (job_dir,) = (harness.state_dir / "jobs").glob("gp-ddp-plain-*")
-    ckpts = sorted((harness.tmp / "ckpt-plain").glob("ckpt-*"))
-    (step_a, time_a), (step_b, time_b) = [(int(p.name[5:]), p.stat().st_mtime) for p in ckpts[-2:]]
-    training_start = time_b - step_b * (time_b - time_a) / (step_b - step_a)
-    startup = training_start - (job_dir / "request.json").stat().st_mtime
-    interrupt_after = round(max(1.0, startup + TRAINING_S / 2), 1)
-    dag = harness.write_dag(
-        "ddp_spot", _ddp_task(harness, torch_python, "spot", "spot_fallback", dataset, interrupt_after)
-    )
-    spot = harness.run(dag, "ddp_spot", timeout=420)
+    # the spot run, interrupted once its first checkpoint is published (torch's start-up takes seconds, more
+    # on a busy machine: a fixed time could land before training or after it)
+    dag = harness.write_dag("ddp_spot", _ddp_task(harness, torch_python, "spot", "spot_fallback", dataset))
+    started = harness.start(dag, "ddp_spot")
+    backend = LocalBackend(state_dir=str(harness.state_dir))
+    first_checkpoint = harness.tmp / "ckpt-spot" / f"ckpt-{CHECKPOINT_EVERY:010d}"
+    wait_for(first_checkpoint.exists, 300, "the spot run's first checkpoint")
+    (handle,) = [h for h in backend.list_jobs() if h.job_id.startswith("gp-ddp-spot-")]
+    backend.simulate_preemption(handle)
+    spot = harness.finish(*started, timeout=420)
     assert spot.task()["state"] == "success", spot.log[-4000:]
     first, second = spot.task()["xcom"]["attempts"]
     assert (first["capacity"], first["state"]) == ("spot", "PREEMPTED"), first

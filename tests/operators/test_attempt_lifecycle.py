@@ -55,20 +55,25 @@ def test_clearing_a_succeeded_task_runs_its_job_again(harness: Harness) -> None:
 def test_an_interruption_nobody_watched_keeps_its_gpu_time(harness: Harness) -> None:
     """Issue 15 defect 3: the record was rebuilt from a bare status and showed 0 GPU-seconds."""
     out = harness.tmp / "out"
-    dag = harness.write_dag(
-        "unwatched",
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend=LocalBackend(state_dir={str(harness.state_dir)!r}, grace_period=1),
-            command={harness.toy_command(str(out), 60, 0.1)},
-            capacity=SpotFallback(backoff=0),
-            checkpoint="file://{harness.tmp / "ckpt"}",
-            poll_interval=30,
-            deferrable=False,
+
+    def write_dag(poll_interval: float) -> Path:
+        return harness.write_dag(
+            "unwatched",
+            f"""
+            GpuJobOperator(
+                task_id="job",
+                backend=LocalBackend(state_dir={str(harness.state_dir)!r}, grace_period=1),
+                command={harness.toy_command(str(out), 60, 0.1)},
+                capacity=SpotFallback(backoff=0),
+                checkpoint="file://{harness.tmp / "ckpt"}",
+                poll_interval={poll_interval},
+                deferrable=False,
+            )
+            """,
         )
-        """,
-    )
+
+    # the first try polls once, at submission, and is killed before it looks again: nobody watches the job run
+    dag = write_dag(poll_interval=30)
     worker, _, _ = harness.start(dag, "unwatched")
     backend = LocalBackend(state_dir=str(harness.state_dir), grace_period=1)
     handle = wait_for(lambda: backend.list_jobs(), 120, "the job to be submitted")[0]
@@ -79,7 +84,8 @@ def test_an_interruption_nobody_watched_keeps_its_gpu_time(harness: Harness) -> 
     backend.simulate_preemption(handle)
     wait_for(lambda: _state(backend, handle.job_id) is JobState.PREEMPTED, 30, "the spot reclaim")
 
-    run = harness.run(dag, "unwatched")
+    # the retry finds the reclaimed attempt at once; its on-demand attempt it polls often (30 s: a wait for nothing)
+    run = harness.run(write_dag(poll_interval=0.3), "unwatched")
     task = run.task()
     assert task["state"] == "success", run.log[-3000:]
     first, second = task["xcom"]["attempts"]

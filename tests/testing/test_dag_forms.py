@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.checker_runs import PROCESS, Checked, run_checks
 from tests.harness import Harness
 
 TASK = 'GpuJobOperator(task_id="job", command=[sys.executable, "-c", "print(1)"], {extra})'
@@ -40,32 +41,51 @@ def write(folder: Path, form: str, extra: str = "") -> Path:
 
 
 def check(*args: str) -> subprocess.CompletedProcess[str]:
+    """``gpu-provider check ARGS``, the console script, in a process of its own."""
     command = [str(Path(sys.executable).with_name("gpu-provider")), "check", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, env=dict(os.environ))
 
 
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checked]:
+    """Every checker run of this module's tests, named, made in one process: Airflow is imported once, not
+    once per run (the console script itself runs in its own process in the test of a file Airflow cannot
+    import)."""
+    folder = tmp_path_factory.mktemp("forms")
+    fixed = 'checkpoint="file:///data/ckpt"'
+    runs = {f"form-{form}": ["--dag", str(write(folder, form, extra=fixed))] for form in FORMS if form != "two"}
+    two = str(write(folder, "two", extra='checkpoint="file:///data/{{ run_id | path_segment }}/ckpt"'))
+    runs["two-every"] = ["--dag", two]
+    runs["two-one"] = ["--dag", two, "--dag-id", "form_two_other"]
+    runs["two-missing"] = ["--dag", two, "--dag-id", "nope"]
+    dated = folder / "dated"
+    dated.mkdir()
+    needs_date = 'checkpoint="file:///data/{{ ds }}/{{ run_id | path_segment }}"'
+    runs["needs-logical-date"] = ["--dag", str(write(dated, "with_no_as", extra=needs_date))]
+    return run_checks(runs, folder)
+
+
 @pytest.mark.parametrize("form", sorted(set(FORMS) - {"two"}))
-def test_the_checker_finds_the_dag_of_every_form(form: str, tmp_path: Path) -> None:
-    dag_file = write(tmp_path, form, extra='checkpoint="file:///data/ckpt"')
-    done = check("--dag", str(dag_file))
+def test_the_checker_finds_the_dag_of_every_form(form: str, checked: dict[str, Checked]) -> None:
+    done = checked[f"form-{form}"]
     assert "expected one DAG" not in done.stderr, done.stderr
     # it found the task: the fixed checkpoint URI is named
     assert "[FAIL] job: checkpoint URI unique per run: 'file:///data/ckpt'" in done.stdout, done.stdout + done.stderr
     assert done.returncode == 1
 
 
-def test_the_checker_checks_every_dag_of_a_file_or_the_one_named(tmp_path: Path) -> None:
-    dag_file = write(tmp_path, "two", extra='checkpoint="file:///data/{{ run_id | path_segment }}/ckpt"')
-    every = check("--dag", str(dag_file))
+def test_the_checker_checks_every_dag_of_a_file_or_the_one_named(checked: dict[str, Checked]) -> None:
+    every = checked["two-every"]
     assert every.returncode == 0, every.stdout + every.stderr
     assert "[PASS] form_two.job:" in every.stdout and "[PASS] form_two_other.job:" in every.stdout
-    one = check("--dag", str(dag_file), "--dag-id", "form_two_other")
+    one = checked["two-one"]
     findings = [line for line in one.stdout.splitlines() if line.startswith("[")]
     assert one.returncode == 0 and findings[0].startswith("[PASS] job:") and len(findings) == 1, one.stdout
-    missing = check("--dag", str(dag_file), "--dag-id", "nope")
+    missing = checked["two-missing"]
     assert missing.returncode == 1
     assert "no DAG 'nope'; its DAGs: ['form_two', 'form_two_other']" in missing.stderr
     assert "Traceback" not in missing.stderr
+    assert "Traceback" not in checked[PROCESS].stderr + checked[PROCESS].stdout, "a run logged a traceback"
 
 
 def test_the_checker_reports_a_file_airflow_cannot_import_in_one_line(tmp_path: Path) -> None:
@@ -77,9 +97,8 @@ def test_the_checker_reports_a_file_airflow_cannot_import_in_one_line(tmp_path: 
     assert "Traceback" not in done.stderr
 
 
-def test_a_checkpoint_uri_that_needs_a_logical_date_fails_the_check(tmp_path: Path) -> None:
-    dag_file = write(tmp_path, "with_no_as", extra='checkpoint="file:///data/{{ ds }}/{{ run_id | path_segment }}"')
-    done = check("--dag", str(dag_file))
+def test_a_checkpoint_uri_that_needs_a_logical_date_fails_the_check(checked: dict[str, Checked]) -> None:
+    done = checked["needs-logical-date"]
     assert done.returncode == 1
     assert "renders only for runs with a logical date" in done.stdout, done.stdout
 

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -53,7 +54,7 @@ def job_aws_env(endpoint_url: str, region: str) -> dict[str, str]:
     }
 
 
-class OnePerProcess:
+class OnePerProcess(ABC):
     """The lifecycle of an emulator that patches moto, whose state and patches are per process: one of each
     kind runs at a time. :meth:`start` (or ``with``) claims the kind and calls ``_start``; :meth:`stop` calls
     ``_stop`` and frees it (idempotent; also run at interpreter exit when ``_stop_at_exit``)."""
@@ -109,11 +110,13 @@ class OnePerProcess:
         with _active_lock:
             _active.pop(self._one_of, None)
 
+    @abstractmethod
     def _start(self) -> None:
-        raise NotImplementedError
+        """Start the server and patch moto (called by :meth:`start` once the kind is claimed)."""
 
+    @abstractmethod
     def _stop(self) -> None:
-        raise NotImplementedError
+        """Stop what :meth:`_start` started and undo its patches (called by :meth:`stop`)."""
 
     def __enter__(self: _E) -> _E:
         return self.start()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from gpu_provider.backends.base import JobState, TaskKey
-from tests.backends.contract.worlds import LONG_JOB, BackendWorld, poll_one, py, wait_ended, wait_state
+from tests.backends.contract.worlds import LONG_JOB, WAIT_S, BackendWorld, poll_one, py, wait_ended, wait_state
 
 
 def test_find_existing_lists_the_attempts_of_exactly_this_task_oldest_first(world: BackendWorld) -> None:
@@ -49,9 +50,19 @@ def test_submitting_the_same_attempt_twice_adopts_the_first_job(world: BackendWo
     assert [h.job_id for h in found] == [first.job_id], found
 
 
-def test_marks_on_the_job_come_back_in_its_status(world: BackendWorld) -> None:
+def test_marks_on_the_job_come_back_in_its_status(world: BackendWorld, tmp_path: Path) -> None:
     backend = world.backend()
-    request = world.request("marks", py("import time; time.sleep(6); print('done')"))
+    release = tmp_path / "release"  # the job runs until the test has marked it (a failed test: 4 x WAIT_S)
+    job = py(
+        f"""
+        import os, time
+        deadline = time.monotonic() + {4 * WAIT_S}
+        while not os.path.exists({str(release)!r}) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print('done')
+        """
+    )
+    request = world.request("marks", job)
     handle = backend.submit(request)
     before = wait_state(backend, handle, JobState.RUNNING, JobState.STARTING)
     assert before.collected is False and before.owner_try in (None, 1), before
@@ -59,7 +70,9 @@ def test_marks_on_the_job_come_back_in_its_status(world: BackendWorld) -> None:
     backend.mark(handle, owner_try=2)  # a later try took the running job over
     taken = poll_one(world.backend(), handle)
     assert taken.owner_try == 2 and taken.collected is False, taken
+    assert taken.state.active, taken  # marked while it ran
 
+    release.touch()
     assert wait_ended(backend, handle).state is JobState.SUCCEEDED
     world.backend().mark(handle, collected=True)  # that try read the result
     collected = poll_one(world.backend(), handle)

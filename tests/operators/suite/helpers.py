@@ -1,5 +1,6 @@
-"""What the operator suite's tests (and the per-backend operator tests) share: the toy job's pid files, a
-job that prints while it runs, and killing a deferred task once its trigger has seen the job run."""
+"""What the operator suite's tests (and the per-backend operator tests) share: the one-task DAG file on a
+world's backend, the toy job's pid files, a job that prints while it runs, and killing a deferred task once
+its trigger has seen the job run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from structlog.testing import capture_logs
 
 from gpu_provider.triggers.gpu_job import GpuJobTrigger
 from tests.backends.contract.worlds import py
+from tests.harness import Harness
+from tests.operators.suite.worlds import OperatorWorld
 
 #: a job that prints ``tick <i>`` every 0.1 s for a minute (tests stop it long before)
 TICKING = py(
@@ -23,6 +26,23 @@ TICKING = py(
         time.sleep(0.1)
     """
 )
+
+
+class Source(str):
+    """An operator argument given as Python source for the DAG file (``Source("SpotFallback(backoff=0)")``),
+    where a plain value would be written as its ``repr``."""
+
+    __slots__ = ()
+
+
+def write_job_dag(harness: Harness, world: OperatorWorld, dag_id: str, command: list[str], **arguments: Any) -> Path:
+    """The DAG file of one ``GpuJobOperator`` task, ``job``, on ``world``'s backend with image ``trainer:1``
+    running ``command``; each of ``arguments`` is one more operator argument, a value (written as its
+    ``repr``) or :class:`Source`."""
+    lines = [f"backend={world.backend_source()}", 'image="trainer:1"', f"command={command!r}"]
+    lines += [f"{name}={value if isinstance(value, Source) else repr(value)}" for name, value in arguments.items()]
+    body = 'GpuJobOperator(\n    task_id="job",\n' + "".join(f"    {line},\n" for line in lines) + ")\n"
+    return harness.write_dag(dag_id, body)
 
 
 def pids(pid_dir: Path) -> dict[str, int]:

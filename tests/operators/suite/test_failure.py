@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from tests.harness import Harness
+from tests.operators.suite.helpers import write_job_dag
 from tests.operators.suite.worlds import OperatorWorld
 
 
@@ -15,19 +16,7 @@ def test_a_failing_job_fails_the_task_with_its_exit_code_and_last_log_lines(
 ) -> None:
     dag_id = world.dag_id("fails")
     code = "import sys; print('loading data'); print('fatal: no such table', file=sys.stderr); sys.exit(3)"
-    dag = harness.write_dag(
-        dag_id,
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend={world.backend_source()},
-            image="trainer:1",
-            command={[sys.executable, "-c", code]!r},
-            poll_interval=0.3,
-            deferrable=False,
-        )
-        """,
-    )
+    dag = write_job_dag(harness, world, dag_id, [sys.executable, "-c", code], poll_interval=0.3, deferrable=False)
     run = harness.run(dag, dag_id)
     assert run.task()["state"] == "failed", run.log[-4000:]
     ended = [line for line in run.log.splitlines() if "ended FAILED: " in line and "(exit code 3)" in line]

@@ -10,27 +10,22 @@ from gpu_provider.backends.base import JobState
 from gpu_provider.triggers.gpu_job import GpuJobTrigger
 from tests.backends.contract.worlds import wait_ended, wait_state
 from tests.harness import Harness, pid_alive, wait_for
-from tests.operators.suite.helpers import TICKING, kill_once_seen_running, pids
+from tests.operators.suite.helpers import TICKING, Source, kill_once_seen_running, pids, write_job_dag
 from tests.operators.suite.worlds import OperatorWorld
 
 
 def test_killing_a_running_task_stops_its_job_on_every_node(harness: Harness, world: OperatorWorld) -> None:
     dag_id = world.dag_id("kill")
     out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
-    dag = harness.write_dag(
+    dag = write_job_dag(
+        harness,
+        world,
         dag_id,
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend={world.backend_source()},
-            image="trainer:1",
-            command={harness.toy_command(str(out), 300, 0.2)},
-            resources=GpuResources(gpus=1, nodes=2),
-            env={{"PID_DIR": {str(pid_dir)!r}}},
-            poll_interval=0.3,
-            deferrable=False,
-        )
-        """,
+        harness.toy_args(str(out), 300, 0.2),
+        resources=Source("GpuResources(gpus=1, nodes=2)"),
+        env={"PID_DIR": str(pid_dir)},
+        poll_interval=0.3,
+        deferrable=False,
     )
     worker, _, log = harness.start(dag, dag_id)
     job_pids = wait_for(lambda: (p := pids(pid_dir)) and len(p) == 2 and p, 120, "both nodes to start")
@@ -65,19 +60,14 @@ def test_killing_a_deferred_task_stops_its_job(world: OperatorWorld) -> None:
 def test_a_job_cancelled_by_a_person_fails_the_task_and_is_not_retried(harness: Harness, world: OperatorWorld) -> None:
     """Issue 15 defect 6: Airflow's retries used to resubmit a job someone cancelled on purpose."""
     dag_id = world.dag_id("cancelled")
-    dag = harness.write_dag(
+    dag = write_job_dag(
+        harness,
+        world,
         dag_id,
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend={world.backend_source()},
-            image="trainer:1",
-            command={harness.toy_command(str(harness.tmp / "out"), 600, 0.1)},
-            retries=2,
-            retry_delay=timedelta(seconds=0),
-            poll_interval=0.3,
-        )
-        """,
+        harness.toy_args(str(harness.tmp / "out"), 600, 0.1),
+        retries=2,
+        retry_delay=Source("timedelta(seconds=0)"),
+        poll_interval=0.3,
     )
     worker = harness.start(dag, dag_id)
     key = world.task_key(dag_id)

@@ -11,27 +11,22 @@ import signal
 
 from gpu_provider.backends.base import JobIdentity
 from tests.harness import Harness, pid_alive, wait_for
-from tests.operators.suite.helpers import pids
+from tests.operators.suite.helpers import pids, write_job_dag
 from tests.operators.suite.worlds import OperatorWorld
 
 
 def test_worker_crash_then_retry_reattaches_without_a_second_create(harness: Harness, world: OperatorWorld) -> None:
     dag_id = world.dag_id("crash")
     out, pid_dir, release = harness.tmp / "out", harness.tmp / "pids", harness.tmp / "release"
-    dag = harness.write_dag(
+    dag = write_job_dag(
+        harness,
+        world,
         dag_id,
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend={world.backend_source()},
-            image="trainer:1",
-            command={harness.toy_command(str(out), 20, 0.15, "--hold-until", str(release))},
-            env={{"PID_DIR": {str(pid_dir)!r}}},
-            checkpoint={world.checkpoint_uri(harness.tmp, "ckpt")!r},
-            poll_interval=0.3,
-            deferrable=False,
-        )
-        """,
+        harness.toy_args(str(out), 20, 0.15, "--hold-until", str(release)),
+        env={"PID_DIR": str(pid_dir)},
+        checkpoint=world.checkpoint_uri(harness.tmp, "ckpt"),
+        poll_interval=0.3,
+        deferrable=False,
     )
     worker, _, _ = harness.start(dag, dag_id)
     job_pid = wait_for(lambda: pids(pid_dir).get("1-0"), 120, f"the {world.name} job to start")
@@ -61,19 +56,14 @@ def test_a_retry_adopting_a_succeeded_job_returns_its_declared_output(harness: H
     """Issue 15 defect 2: the job succeeded while no worker watched; the retry used to return output_uri None."""
     dag_id = world.dag_id("adopt")
     out, pid_dir = harness.tmp / "out", harness.tmp / "pids"
-    dag = harness.write_dag(
+    dag = write_job_dag(
+        harness,
+        world,
         dag_id,
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend={world.backend_source()},
-            image="trainer:1",
-            command={harness.toy_command(str(out), 3, 0.1)},
-            env={{"PID_DIR": {str(pid_dir)!r}}},
-            poll_interval=600,
-            deferrable=False,
-        )
-        """,
+        harness.toy_args(str(out), 3, 0.1),
+        env={"PID_DIR": str(pid_dir)},
+        poll_interval=600,
+        deferrable=False,
     )
     worker, _, _ = harness.start(dag, dag_id)
     wait_for(lambda: pids(pid_dir).get("1-0"), 120, f"the {world.name} job to start")
@@ -97,19 +87,7 @@ def test_a_job_submitted_before_the_crash_could_record_it_is_found_by_name(
     out, release = harness.tmp / "out", harness.tmp / "release"
     # held after its last step until the retry has reattached: however slow the machine, it is still running
     command = harness.toy_args(str(out), 5, 0.1, "--hold-until", str(release))
-    dag = harness.write_dag(
-        dag_id,
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend={world.backend_source()},
-            image="trainer:1",
-            command={command!r},
-            poll_interval=0.3,
-            deferrable=False,
-        )
-        """,
-    )
+    dag = write_job_dag(harness, world, dag_id, command, poll_interval=0.3, deferrable=False)
     # submit "attempt 1 of try 1" as the crashed worker would have, with nothing recorded
     request = world.request("lookup", command, task=world.task_key(dag_id))
     assert request.identity == JobIdentity(world.task_key(dag_id), try_number=1, attempt=1, capacity="on-demand")

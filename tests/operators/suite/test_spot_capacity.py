@@ -10,6 +10,7 @@ import pytest
 
 from gpu_provider import names
 from tests.harness import Harness
+from tests.operators.suite.helpers import Source, write_job_dag
 from tests.operators.suite.worlds import OperatorWorld
 
 
@@ -20,20 +21,15 @@ def test_spot_reclaimed_while_running_resumes_on_demand_from_its_checkpoint(
     dag_id = world.dag_id(f"fb_{'def' if deferrable else 'sync'}")
     out = harness.tmp / "out"
     world.preempt_spot_after(1.5, world.task_key(dag_id))
-    dag = harness.write_dag(
+    dag = write_job_dag(
+        harness,
+        world,
         dag_id,
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend={world.backend_source()},
-            image="trainer:1",
-            command={harness.toy_command(str(out), 14, 0.2)},
-            capacity=SpotFallback(after_preemptions=1, backoff=0),
-            checkpoint={world.checkpoint_uri(harness.tmp, "ckpt")!r},
-            deferrable={deferrable},
-            poll_interval=0.3,
-        )
-        """,
+        harness.toy_args(str(out), 14, 0.2),
+        capacity=Source("SpotFallback(after_preemptions=1, backoff=0)"),
+        checkpoint=world.checkpoint_uri(harness.tmp, "ckpt"),
+        deferrable=deferrable,
+        poll_interval=0.3,
     )
     run = harness.run(dag, dag_id)
     task = run.task()
@@ -72,20 +68,15 @@ def test_spot_capacity_that_never_comes_is_given_up_and_resubmitted_on_demand(
     key = world.task_key(dag_id)
     world.hold_spot()  # no spot capacity comes
     releaser = world.release_spot_once_given_up(key)
-    dag = harness.write_dag(
+    dag = write_job_dag(
+        harness,
+        world,
         dag_id,
-        f"""
-        GpuJobOperator(
-            task_id="job",
-            backend={world.backend_source()},
-            image="trainer:1",
-            command={harness.toy_command(str(harness.tmp / "out"), 2, 0.05)},
-            capacity=SpotFallback(spot_wait_timeout=2.0, backoff=0),
-            checkpoint={world.checkpoint_uri(harness.tmp, "ckpt")!r},
-            deferrable=True,
-            poll_interval=0.3,
-        )
-        """,
+        harness.toy_args(str(harness.tmp / "out"), 2, 0.05),
+        capacity=Source("SpotFallback(spot_wait_timeout=2.0, backoff=0)"),
+        checkpoint=world.checkpoint_uri(harness.tmp, "ckpt"),
+        deferrable=True,
+        poll_interval=0.3,
     )
     run = harness.run(dag, dag_id)
     releaser.join(timeout=60)
