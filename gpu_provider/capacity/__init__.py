@@ -3,7 +3,9 @@
 - :mod:`~gpu_provider.capacity.policies`: which capacity (spot, on-demand) each attempt runs on and how
   many interruptions a task absorbs (:class:`OnDemand`, :class:`Spot`, :class:`SpotFallback`);
 - :mod:`~gpu_provider.capacity.instances`: which instance type, from an ordered preference
-  (:class:`InstanceFallback`, composed into a policy with ``instances=``).
+  (:class:`InstanceFallback`, composed into a policy with ``instances=``);
+- :mod:`~gpu_provider.capacity.ladder`: rungs on several backends or regions, one checkpoint for all
+  (:class:`Ladder` of :class:`LadderRung`).
 
 The engine (:mod:`gpu_provider.engine.attempts`) asks the policy for the next :class:`Rung`; a backend
 only answers whether it can run a rung (``Backend.validate``, ``Backend.validate_instance_fallback``)
@@ -14,6 +16,7 @@ See ``docs/explanations/capacity-policies.md``.
 from __future__ import annotations
 
 from gpu_provider.capacity.instances import InstanceFallback, Rung, validate_instance_fallback
+from gpu_provider.capacity.ladder import Ladder, LadderRung
 from gpu_provider.capacity.policies import (
     MAX_BACKOFF_S,
     MAX_INTERRUPTIONS,
@@ -31,6 +34,8 @@ __all__ = [
     "CapacityPolicy",
     "InstanceFallback",
     "Interruption",
+    "Ladder",
+    "LadderRung",
     "OnDemand",
     "Rung",
     "Spot",

@@ -42,6 +42,9 @@ class Rung:
 
     capacity: str
     instance_type: str | None = None
+    rung: int | None = None
+    """Under a :class:`~gpu_provider.capacity.ladder.Ladder`: the index of the rung (its backend, options and
+    overrides); ``None``: the task's own backend."""
 
 
 class InstanceFallback:

@@ -1,0 +1,114 @@
+"""The capacity ladder: rungs on several backends (or regions) on one checkpoint, and their parse-time checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu_provider import GpuResources, Ladder, LadderRung
+from gpu_provider.capacity import Interruption, Rung
+from gpu_provider.names import CAPACITY_TIMEOUT, ON_DEMAND, PREEMPTED, SPOT
+
+SAGEMAKER = {"name": "sagemaker", "role_arn": "arn:aws:iam::123456789012:role/train", "output_path": "s3://out/models"}
+BATCH = {"name": "batch", "spot_queue": "gpu-spot", "on_demand_queue": "gpu-od"}
+
+
+def _ladder(**kwargs: Any) -> Ladder:
+    return Ladder(
+        LadderRung(BATCH, "spot"),
+        LadderRung(SAGEMAKER, "spot", instance_types=["ml.p4d.24xlarge"]),
+        LadderRung(SAGEMAKER, "on_demand", instance_types=["ml.p4d.24xlarge"]),
+        **kwargs,
+    )
+
+
+def _walk(policy: Ladder, kinds: list[str]) -> list[Rung]:
+    seen: list[Interruption] = []
+    rungs = [policy.rung_after(seen)]
+    for attempt, kind in enumerate(kinds, start=1):
+        seen.append(Interruption(attempt, rungs[-1].capacity, kind))
+        rungs.append(policy.rung_after(seen))
+    return rungs
+
+
+def test_each_interruption_moves_one_rung_down_and_the_last_rung_takes_the_rest() -> None:
+    ladder = _ladder()
+    rungs = _walk(ladder, [PREEMPTED, CAPACITY_TIMEOUT, PREEMPTED])
+    assert [(r.capacity, r.rung) for r in rungs] == [(SPOT, 0), (SPOT, 1), (ON_DEMAND, 2), (ON_DEMAND, 2)]
+    assert [ladder.rung(r.rung).backend_name for r in rungs] == ["batch", "sagemaker", "sagemaker", "sagemaker"]  # type: ignore[union-attr]
+    # the budget: every rung is reached and the last may be interrupted once more, unless told otherwise
+    assert ladder.max_interruptions == 3 and _ladder(max_interruptions=7).max_interruptions == 7
+    assert ladder.may_use == {SPOT, ON_DEMAND} and ladder.first_capacity() == SPOT
+    assert ladder.rung(None) is None and ladder.rung(3) is None
+
+
+def test_a_rung_in_another_region_carries_its_own_connection_and_region() -> None:
+    west = LadderRung(
+        "sagemaker",
+        "spot",
+        aws_conn_id="aws_west",
+        region_name="us-west-2",
+        **{k: v for k, v in SAGEMAKER.items() if k != "name"},
+    )
+    backend = west.build()
+    assert (backend.name, backend.aws_conn_id, backend.region_name) == ("sagemaker", "aws_west", "us-west-2")  # type: ignore[attr-defined]
+    assert "region_name='us-west-2'" in west.describe() and "role_arn" not in west.describe()
+    assert Ladder([west, {"backend": "sagemaker", "capacity": "on_demand"}]).rungs[1].capacity == ON_DEMAND
+
+
+@pytest.mark.parametrize(
+    ("rungs", "error", "words"),
+    [
+        ([], ValueError, "at least one rung"),
+        ([LadderRung("batch", "spot")] * 11, ValueError, "at most 10"),
+        (["batch"], TypeError, "capacity.rungs[0]='batch'"),
+        ([{"backend": "batch", "capacity": "cheap"}], ValueError, "capacity.rungs[0]: capacity='cheap'"),
+        ([{"backend": "slurm", "capacity": "spot"}], ValueError, "valid names: batch, kubernetes, local, sagemaker"),
+    ],
+)
+def test_bad_rungs_are_refused_naming_the_rung_field_and_allowed_values(
+    rungs: list[Any], error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error) as raised:
+        Ladder(*rungs)
+    assert words in str(raised.value)
+
+
+def test_instance_fallback_is_refused_on_a_ladder_with_what_to_do_instead() -> None:
+    from gpu_provider import InstanceFallback
+
+    with pytest.raises(ValueError, match="give each rung its own instance_types"):
+        Ladder(LadderRung("batch", "spot"), instances=InstanceFallback())
+
+
+def test_every_rung_is_validated_by_its_own_backend() -> None:
+    ladder = _ladder()
+    backends = ladder.validate_rungs(GpuResources(gpus=8), image="trainer:1")
+    assert [b.name for b in backends] == ["batch", "sagemaker", "sagemaker"]
+    # Batch cannot run multi-node jobs on spot: the error names the rung
+    with pytest.raises(ValueError, match=r"capacity.rungs\[0\] \(batch, spot\): resources.nodes=2 with spot"):
+        ladder.validate_rungs(GpuResources(gpus=8, nodes=2), image="trainer:1")
+    # Batch's compute environment picks the instance type: a rung's instance_types is refused there
+    typed = Ladder(LadderRung(BATCH, "spot", instance_types=["p4d.24xlarge"]))
+    with pytest.raises(ValueError, match=r"capacity.rungs\[0\] \(batch, spot\): resources.instance_types="):
+        typed.validate_rungs(GpuResources(gpus=8), image="trainer:1")
+    # an option the rung's backend does not take: its key, and what the backend takes
+    bad = Ladder(LadderRung(BATCH, "spot"), LadderRung(SAGEMAKER, "spot", spot_queue="q"))
+    with pytest.raises(
+        ValueError, match=r"capacity.rungs\[1\] \(sagemaker, spot\): .*unknown option\(s\) 'spot_queue'"
+    ):
+        bad.validate_rungs(GpuResources(gpus=8), image="trainer:1")
+    # a rung with no image, on a backend that runs containers
+    with pytest.raises(ValueError, match=r"capacity.rungs\[0\] \(batch, spot\): image=None"):
+        ladder.validate_rungs(GpuResources(gpus=8), image=None)
+    ladder.validate_rungs(GpuResources(gpus=8), image=None, image_known=False)  # a templated image: checked later
+
+
+def test_one_checkpoint_for_every_rung_a_local_path_with_a_remote_rung_is_refused() -> None:
+    ladder = _ladder()
+    ladder.check_checkpoint("s3://ckpt/run")
+    ladder.check_checkpoint(None)
+    with pytest.raises(ValueError, match=r"capacity.rungs\[0\] \(batch, spot\).*give an s3:// URI"):
+        ladder.check_checkpoint("file:///tmp/ckpt")
+    Ladder(LadderRung("local", "spot"), LadderRung("local", "on_demand")).check_checkpoint("file:///tmp/ckpt")
