@@ -31,11 +31,13 @@ Two parts, both seeded and fast (a week replays in milliseconds):
    reclaim. Work since the last checkpoint is redone (``--checkpoint-at-notice``: the job saves at the
    notice, as the runtime helper does when the notice leaves it the time).
 
-Configurations (:data:`CONFIGS`): **on-demand only** (``OnDemand``); **spot then on-demand on one service**
-(``SpotFallback`` on Batch, as the example pipeline has it: after one reclaim, or 10 minutes without spot);
-**instance fallback** (the same ``SpotFallback`` composed with ``InstanceFallback``, p5 -> p4d -> g6e, each
-type with its own wait). The ladder across services and back-to-spot are not composed here yet (see
-benchmarks/README.md).
+Configurations (:data:`CONFIGS`), every one with ``max_interruptions=20`` (a week of reclaims must not spend
+the budget) and spot waits of 10 minutes, as the example pipeline has them: **on-demand only** (``OnDemand``);
+**spot, then on-demand on one service** (``SpotFallback(after_preemptions=1)`` on Batch: today);
+**the same + instance fallback** (composed with ``InstanceFallback``, p5 -> p4d -> g6e, on-demand waiting 15
+minutes per type but the last); and **ladders** across services (``Ladder`` of ``LadderRung``: Batch spot ->
+SageMaker managed spot -> SageMaker or Batch on-demand, and one whose rungs also step through instance types,
+since a ``Ladder`` takes no ``instances=``). Back-to-spot is not composed here (see benchmarks/README.md).
 
 Usage: ``python benchmarks/capacity_trace.py [--quick] [--seeds N] [--trace-dir DIR] [--trace FILE]``.
 """
@@ -60,7 +62,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpu_provider.capacity import CapacityPolicy, InstanceFallback, Interruption, OnDemand, SpotFallback  # noqa: E402
+from gpu_provider.capacity import (  # noqa: E402
+    CapacityPolicy,
+    InstanceFallback,
+    Interruption,
+    Ladder,
+    LadderRung,
+    OnDemand,
+    Rung,
+    SpotFallback,
+)
 from gpu_provider.names import CAPACITY_TIMEOUT, ON_DEMAND, PREEMPTED, SPOT  # noqa: E402
 from gpu_provider.spend.prices import EC2, SAGEMAKER, PriceBook  # noqa: E402
 
@@ -73,6 +84,7 @@ REGION = "us-east-1"
 SERVICES: dict[str, str] = {"batch": EC2, "sagemaker": SAGEMAKER}
 #: the instance types, in the order of preference instance fallback uses
 INSTANCE_TYPES = ("p5.48xlarge", "p4d.24xlarge", "g6e.48xlarge")
+P5, P4D, G6E = INSTANCE_TYPES
 #: spot reclaims per running instance-hour at the daily mean (x the hour-of-day factor)
 SPOT_RECLAIMS_PER_HOUR = {"p5.48xlarge": 0.08, "p4d.24xlarge": 0.05, "g6e.48xlarge": 0.03}
 #: the hour-of-day factor: 1 + DIURNAL_AMPLITUDE * cos(2 pi (h - DIURNAL_PEAK_H) / 24)
@@ -299,6 +311,21 @@ class Outcome:
         return sum(a.work_kept_h for a in self.attempts if a.capacity == SPOT) / kept if kept else 0.0
 
 
+def where(policy: CapacityPolicy, rung: Rung, config: Config) -> tuple[str, str]:
+    """The service and instance type of ``rung``'s attempt: under a :class:`Ladder`, its rung's backend and
+    instance type; else the configuration's service and the policy's choice (or the task's first type)."""
+    step = policy.rung(rung.rung) if isinstance(policy, Ladder) else None
+    if step is None:
+        return config.service, rung.instance_type or config.instance_types[0]
+    types = step.instance_types or config.instance_types
+    if step.backend_name not in SERVICES or len(types) != 1:
+        raise ValueError(
+            f"{config.name}: ladder rung {rung.rung} ({step.backend_name}, {list(types)}): the replay plays rungs on "
+            f"{', '.join(SERVICES)} with one instance type each"
+        )
+    return step.backend_name, types[0].removeprefix("ml.")
+
+
 def replay(trace: Mapping[str, Any], config: Config, task: Task | None = None, *, start_h: float = 0.0) -> Outcome:
     """Play ``task`` through ``trace`` from hour ``start_h`` under ``config``'s capacity policy."""
     task = task or Task()
@@ -313,8 +340,7 @@ def replay(trace: Mapping[str, Any], config: Config, task: Task | None = None, *
     kept, t = 0.0, start_h
     while True:
         rung = policy.rung_after(interruptions, types)
-        itype = rung.instance_type or types[0]
-        service = config.service
+        service, itype = where(policy, rung, config)
         pool = pools[pool_key(service, rung.capacity, itype)]
         wait_s = policy.capacity_wait_for(rung.capacity, rung.instance_type, types)
         deadline = t + wait_s / 3600.0 if wait_s is not None else math.inf
@@ -369,14 +395,25 @@ SPOT_WAIT = timedelta(minutes=10)
 #: on-demand's wait per type but the last, under instance fallback (InstanceFallback's default)
 CAPACITY_WAIT = timedelta(minutes=15)
 
+
+def _ladder(*rungs: tuple[str, str, str]) -> Callable[[], CapacityPolicy]:
+    """A :class:`Ladder` of ``(backend, capacity, EC2 instance type)`` rungs (SageMaker's named with ``ml.``)."""
+
+    def make() -> CapacityPolicy:
+        steps = [LadderRung(b, c, instance_types=[("ml." if b == "sagemaker" else "") + t]) for b, c, t in rungs]
+        return Ladder(*steps, spot_wait_timeout=SPOT_WAIT, max_interruptions=MAX_INTERRUPTIONS)
+
+    return make
+
+
 CONFIGS: tuple[Config, ...] = (
     Config("on-demand only", lambda: OnDemand(max_interruptions=MAX_INTERRUPTIONS)),
     Config(
-        "spot then on-demand, one service",
+        "spot, then on-demand (one service: today)",
         lambda: SpotFallback(after_preemptions=1, spot_wait_timeout=SPOT_WAIT, max_interruptions=MAX_INTERRUPTIONS),
     ),
     Config(
-        "instance fallback (p5, p4d, g6e)",
+        "the same + instance fallback p5, p4d, g6e",
         lambda: SpotFallback(
             after_preemptions=1,
             spot_wait_timeout=SPOT_WAIT,
@@ -384,6 +421,18 @@ CONFIGS: tuple[Config, ...] = (
             instances=InstanceFallback(capacity_wait=CAPACITY_WAIT),
         ),
         instance_types=INSTANCE_TYPES,
+    ),
+    Config(
+        "ladder: Batch spot, SageMaker spot, SageMaker on-demand",
+        _ladder(("batch", SPOT, P5), ("sagemaker", SPOT, P5), ("sagemaker", ON_DEMAND, P5)),
+    ),
+    Config(
+        "ladder: Batch spot, SageMaker spot, Batch on-demand",
+        _ladder(("batch", SPOT, P5), ("sagemaker", SPOT, P5), ("batch", ON_DEMAND, P5)),
+    ),
+    Config(
+        "ladder by type: Batch spot p5, p4d, SageMaker spot p5, Batch on-demand p5",
+        _ladder(("batch", SPOT, P5), ("batch", SPOT, P4D), ("sagemaker", SPOT, P5), ("batch", ON_DEMAND, P5)),
     ),
 )
 

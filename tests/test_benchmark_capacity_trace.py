@@ -27,11 +27,11 @@ from benchmarks.capacity_trace import (
     run,
     write_trace,
 )
-from gpu_provider.capacity import SpotFallback
+from gpu_provider.capacity import Ladder, LadderRung, SpotFallback
 from gpu_provider.names import CAPACITY_TIMEOUT, ON_DEMAND, PREEMPTED, SPOT
 from gpu_provider.spend.prices import EC2, SAGEMAKER, PriceBook
 
-ON_DEMAND_ONLY, SPOT_THEN_ON_DEMAND, INSTANCE_FALLBACK = CONFIGS
+ON_DEMAND_ONLY, SPOT_THEN_ON_DEMAND, INSTANCE_FALLBACK, LADDER_SM, LADDER_BATCH, LADDER_TYPES = CONFIGS
 P5, P4D, G6E = INSTANCE_TYPES
 
 
@@ -201,6 +201,43 @@ def test_the_next_attempt_and_its_wait_come_from_the_policy_objects() -> None:
     # the wait is the policy's: another spot_wait_timeout, another timeout
     longer = Config("longer wait", lambda: SpotFallback(spot_wait_timeout=3600, max_interruptions=5))
     assert replay(trace, longer).attempts[0].ended_h == pytest.approx(1.0)
+
+
+def test_a_ladder_moves_each_attempt_to_its_rungs_service_and_prices_it_there() -> None:
+    trace = quiet_trace(
+        **{
+            pool_key("batch", SPOT, P5): {"reclaims": [2.0]},
+            pool_key("sagemaker", SPOT, P5): {"unavailable": [[0.0, HOURS]]},
+        }
+    )
+    prices = {k: d["usd_per_hour"] for k, d in trace["pools"].items()}
+    for config, last in ((LADDER_SM, "sagemaker"), (LADDER_BATCH, "batch")):
+        o = replay(trace, config)
+        assert [(a.service, a.capacity, a.outcome) for a in o.attempts] == [
+            ("batch", SPOT, PREEMPTED),
+            ("sagemaker", SPOT, CAPACITY_TIMEOUT),  # the ladder's spot_wait_timeout, then one rung down
+            (last, ON_DEMAND, "succeeded"),
+        ]
+        third = o.attempts[2]
+        assert o.attempts[1].ended_h - o.attempts[1].submitted_h == pytest.approx(SPOT_WAIT.total_seconds() / 3600)
+        assert third.usd_per_hour == prices[pool_key(last, ON_DEMAND, P5)]
+        # the work kept on Batch spot carries over: the last attempt works what is left, after its service's start-up
+        assert third.work_done_h == pytest.approx(40 - 1.5)
+        assert third.billed_h == pytest.approx(Task().startup_h[last] + 38.5)
+    # rungs by type: a reclaim moves one rung down, to the next type on the same service
+    o = replay(trace, LADDER_TYPES)
+    assert [(a.service, a.capacity, a.instance_type) for a in o.attempts][:2] == [
+        ("batch", SPOT, P5),
+        ("batch", SPOT, P4D),
+    ]
+
+
+def test_a_ladder_rung_the_replay_cannot_play_is_named() -> None:
+    two_types = Config(
+        "two types", lambda: Ladder(LadderRung("batch", "spot", instance_types=["p5.48xlarge", "p4d.24xlarge"]))
+    )
+    with pytest.raises(ValueError, match=r"two types: ladder rung 0 \(batch, \['p5.48xlarge', 'p4d.24xlarge'\]\)"):
+        replay(quiet_trace(), two_types)
 
 
 def test_a_spent_interruption_budget_ends_the_task_unfinished() -> None:
