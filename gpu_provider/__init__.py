@@ -5,6 +5,7 @@ The public names, all importable from here::
     from gpu_provider import GpuResources, Checkpoint, OnDemand, Spot, SpotFallback  # the job's spec
     from gpu_provider import InstanceFallback                                        # ordered instance types
     from gpu_provider import Ladder, LadderRung                                      # rungs across services
+    from gpu_provider import SpotReturn                                              # back to spot when it returns
     from gpu_provider import GpuJobOperator, GpuReaperOperator                      # operators
     from gpu_provider import CheckpointSensor, GpuJobSensor, SpotCapacitySensor     # sensors
     from gpu_provider import JobIdentity, TaskKey, JobState                         # a job's identity, states
@@ -21,7 +22,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from gpu_provider.capacity import CapacityPolicy, InstanceFallback, Ladder, LadderRung, OnDemand, Spot, SpotFallback
+from gpu_provider.capacity import (
+    CapacityPolicy,
+    InstanceFallback,
+    Ladder,
+    LadderRung,
+    OnDemand,
+    Spot,
+    SpotFallback,
+    SpotReturn,
+)
 from gpu_provider.job import Checkpoint, GpuResources
 
 if TYPE_CHECKING:
@@ -84,6 +94,7 @@ __all__ = [
     "Spot",
     "SpotCapacitySensor",
     "SpotFallback",
+    "SpotReturn",
     "TaskKey",
     "__version__",
     "path_segment",

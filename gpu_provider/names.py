@@ -38,6 +38,11 @@ NODE_FAULT = "node_fault"
 NCCL watchdog timeout on a multi-node job, an unhealthy node or host): its own budget
 (``max_node_faults``), resubmitted on fresh hardware and resumed from the checkpoint."""
 INTERRUPTION_KINDS = (PREEMPTED, CAPACITY_TIMEOUT, LOST, NODE_FAULT)
+MOVED_TO_SPOT = "moved_to_spot"
+"""Not an interruption: a planned move. The task ended an on-demand attempt at a checkpoint because spot capacity
+returned and saves enough (``SpotFallback(spot_return=SpotReturn(...))``); the next attempt runs on spot. Not
+counted against ``max_interruptions``; bounded by the policy's ``max_moves`` and ``cooldown``."""
+PLANNED_MOVES = (MOVED_TO_SPOT,)
 
 # --- node faults: what failed under the job (``JobStatus.fault``) --------------------------------
 FAULT_XID = "xid"
@@ -75,8 +80,12 @@ EVENT_BACKOFF_DONE = "backoff_done"
 EVENT_NEVER_STARTS = "never_starts"
 """The service says the queued attempt can never start as submitted (``JobStatus.never_starts``): the
 task that owns it stops it and fails."""
+EVENT_SPOT_RETURNED = "spot_returned"
+"""Spot capacity returned while the attempt runs on on-demand, and the move pays (``SpotReturn``): the task
+that owns the attempt asks it to checkpoint and stop, and runs the next attempt on spot."""
 EVENT_STATUSES = frozenset(
     {
+        EVENT_SPOT_RETURNED,
         EVENT_SUCCEEDED,
         EVENT_FAILED,
         EVENT_PREEMPTED,
@@ -116,6 +125,9 @@ CAPACITY_TIMEOUT_MARK = "capacity timeout: "
 UNRUNNABLE_MARK = "cannot run: "
 """After :data:`CANCEL_PREFIX`: the owning task stopped a queued attempt the service said could never start
 (the job's own failure, not an interruption)."""
+SPOT_RETURN_MARK = "moved to spot: "
+"""After :data:`CANCEL_PREFIX`: the task stopped an on-demand attempt at a checkpoint to continue on spot (a
+planned move, not an interruption)."""
 RESTART_LIMIT_MARK = "restart limit: "
 """After :data:`CANCEL_PREFIX`: the task stopped an attempt the service had restarted inside the job as
 often as the capacity policy tolerates (an interruption: the policy's next attempt runs)."""

@@ -73,6 +73,10 @@ class AttemptRecord:
     """Seconds from submission to start (or to the end, for an attempt that never started)."""
     reported: bool = False
     """The attempt's cost line and metrics were emitted (once per attempt)."""
+    spot_return: dict[str, Any] | None = None
+    """For ``interruption="moved_to_spot"``: the reading that moved the attempt back to spot and the estimated
+    saving (``score``, ``spot_usd_per_hour``, ``on_demand_usd_per_hour``, ``saving_pct``, ``remaining_s``,
+    ``saving_usd``: price difference x nodes x remaining time, ``None`` when the remaining time is unknown)."""
 
     @property
     def gpu_hours(self) -> float:

@@ -5,7 +5,9 @@
 - :mod:`~gpu_provider.capacity.instances`: which instance type, from an ordered preference
   (:class:`InstanceFallback`, composed into a policy with ``instances=``);
 - :mod:`~gpu_provider.capacity.ladder`: rungs on several backends or regions, one checkpoint for all
-  (:class:`Ladder` of :class:`LadderRung`).
+  (:class:`Ladder` of :class:`LadderRung`);
+- :mod:`~gpu_provider.capacity.spot_return`: back to spot when spot returns (:class:`SpotReturn`, composed
+  into ``SpotFallback`` with ``spot_return=``): a planned move of an on-demand attempt at a checkpoint.
 
 The engine (:mod:`gpu_provider.engine.attempts`) asks the policy for the next :class:`Rung`; a backend
 only answers whether it can run a rung (``Backend.validate``, ``Backend.validate_instance_fallback``)
@@ -27,6 +29,7 @@ from gpu_provider.capacity.policies import (
     SpotFallback,
     resolve_capacity,
 )
+from gpu_provider.capacity.spot_return import SpotReturn
 
 __all__ = [
     "MAX_BACKOFF_S",
@@ -40,6 +43,7 @@ __all__ = [
     "Rung",
     "Spot",
     "SpotFallback",
+    "SpotReturn",
     "resolve_capacity",
     "validate_instance_fallback",
 ]

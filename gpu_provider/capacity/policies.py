@@ -22,6 +22,7 @@ from gpu_provider.names import CAPACITY_TIMEOUT, ON_DEMAND, PREEMPTED, SPOT
 
 if TYPE_CHECKING:
     from gpu_provider.capacity.instances import InstanceFallback, Rung
+    from gpu_provider.capacity.spot_return import SpotReturn
 
 _DEFAULT_MAX_INTERRUPTIONS = 3
 _DEFAULT_MAX_NODE_FAULTS = 2
@@ -74,6 +75,8 @@ class CapacityPolicy(ABC):
     """
 
     name = "policy"
+    #: back to spot when spot returns (:class:`~gpu_provider.SpotReturn`; ``SpotFallback(spot_return=...)``)
+    spot_return: SpotReturn | None = None
 
     def __init__(
         self,
@@ -213,6 +216,9 @@ class SpotFallback(CapacityPolicy):
         the attempt after the first reclaim runs on-demand). 0 means on-demand from the start.
     :param spot_wait_timeout: how long an attempt may wait for spot capacity before it is cancelled
         and resubmitted on-demand (default 30 minutes; ``None`` waits forever).
+    :param spot_return: a :class:`~gpu_provider.SpotReturn`: while an attempt runs on on-demand, watch spot
+        capacity and move the job back to spot at a checkpoint when it returns and saves enough (a planned
+        move, not an interruption). ``None`` (default): an on-demand attempt runs to its end.
     """
 
     name = "spot_fallback"
@@ -222,11 +228,15 @@ class SpotFallback(CapacityPolicy):
         *,
         after_preemptions: int = 1,
         spot_wait_timeout: Any = timedelta(seconds=_DEFAULT_SPOT_WAIT_S),
+        spot_return: SpotReturn | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.after_preemptions = _count("capacity.after_preemptions", after_preemptions)
         self._spot_wait_s = to_seconds("capacity.spot_wait_timeout", spot_wait_timeout)
+        from gpu_provider.capacity.spot_return import check_spot_return
+
+        self.spot_return = check_spot_return(spot_return)
 
     @property
     def spot_wait_timeout_s(self) -> float | None:
@@ -243,7 +253,8 @@ class SpotFallback(CapacityPolicy):
 
     @property
     def may_use(self) -> frozenset[str]:
-        return frozenset({SPOT, ON_DEMAND}) if self.after_preemptions > 0 else frozenset({ON_DEMAND})
+        spot = self.after_preemptions > 0 or self.spot_return is not None
+        return frozenset({SPOT, ON_DEMAND}) if spot else frozenset({ON_DEMAND})
 
 
 _BY_NAME: dict[str, type[CapacityPolicy]] = {"on_demand": OnDemand, "spot": Spot, "spot_fallback": SpotFallback}

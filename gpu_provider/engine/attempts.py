@@ -36,7 +36,7 @@ from gpu_provider.exceptions import (
     GpuJobFailedError,
     GpuJobInterruptionBudgetError,
 )
-from gpu_provider.names import CAPACITY_TIMEOUT, LOST, NODE_FAULT, PREEMPTED
+from gpu_provider.names import CAPACITY_TIMEOUT, LOST, MOVED_TO_SPOT, NODE_FAULT, PREEMPTED, SPOT
 from gpu_provider.records import AttemptRecord, AttemptSummary
 
 
@@ -87,9 +87,12 @@ OnStatus = Callable[[AttemptRecord, JobStatus], None]
 def interruptions_of(records: Sequence[AttemptRecord]) -> list[Interruption]:
     """The interruptions of these attempts, oldest first: each restart the service made inside an attempt
     (a spot reclaim it absorbed), then the interruption that ended the attempt, unless that was the stop
-    of an attempt restarted too often (:meth:`AttemptEngine.restart_limit`), which its restarts count already."""
+    of an attempt restarted too often (:meth:`AttemptEngine.restart_limit`), which its restarts count already.
+    A planned move back to spot (``moved_to_spot``) is no interruption: it is left out."""
     out = []
     for r in records:
+        if r.interruption == MOVED_TO_SPOT:
+            continue
         chosen = r.instance_choice
         out += [Interruption(attempt=r.attempt, capacity=r.capacity, kind=PREEMPTED, instance_type=chosen)] * r.restarts
         stopped_for_restarts = r.restarts > 0 and r.state is JobState.CANCELLED and r.interruption == PREEMPTED
@@ -102,6 +105,16 @@ def _run_cost(run: Sequence[AttemptRecord]) -> float | None:
     """USD of a run's attempts (the sum of their estimates), ``None`` when none has a price."""
     costs = [r.cost_usd for r in run if r.cost_usd is not None]
     return round(sum(costs), 6) if costs else None
+
+
+def _move_saving(run: Sequence[AttemptRecord]) -> float | None:
+    """USD the run's moves back to spot are estimated to save (``spot_return.saving_usd``); ``None``: none known."""
+    savings = [
+        float(r.spot_return["saving_usd"])
+        for r in run
+        if r.interruption == MOVED_TO_SPOT and r.spot_return and r.spot_return.get("saving_usd") is not None
+    ]
+    return round(sum(savings), 6) if savings else None
 
 
 def describe(backend_name: str, record: AttemptRecord) -> str:
@@ -258,6 +271,8 @@ class AttemptEngine:
     def after_interruption(self, record: AttemptRecord) -> Step:
         if record.interruption == NODE_FAULT:  # GPU hardware faults: their own budget and rule
             return self.after_node_fault(record)
+        if record.interruption == MOVED_TO_SPOT:  # a planned move, not an interruption
+            return self.after_move(record)
         where = describe(self.backend_name, record)
         interruptions = self.interruptions()
         budget = self.policy.max_interruptions
@@ -333,7 +348,41 @@ class AttemptEngine:
         rung = self.policy.rung_after(self.interruptions(), self.instance_types)
         folded = (self.summary.last_attempt or 0) if self.summary else 0
         attempt = max((r.attempt for r in self.records), default=folded) + 1
+        current = self.current
+        if current and current[-1].interruption == MOVED_TO_SPOT and current[-1].state.terminal:
+            # moved back to spot at a checkpoint: the next attempt runs on spot (the preferred type first)
+            first = self.instance_types[0] if self.policy.instances is not None and self.instance_types else None
+            return Submit(attempt=attempt, capacity=SPOT, delay=delay, instance_type=first)
         return Submit(attempt=attempt, capacity=rung.capacity, delay=delay, instance_type=rung.instance_type)
+
+    # --- back to spot when spot returns (``SpotFallback(spot_return=...)``): planned moves ------------
+    def moves(self) -> list[AttemptRecord]:
+        """The attempts of the current run the task moved back to spot (not interruptions)."""
+        return [r for r in self.current if r.interruption == MOVED_TO_SPOT]
+
+    def spot_return_watch(self, record: AttemptRecord, instance_types: Sequence[str] = ()) -> dict[str, Any] | None:
+        """What ``record``'s wait needs to watch spot capacity (``None``: nothing to watch; see
+        :meth:`gpu_provider.capacity.SpotReturn.watch_for`)."""
+        spot_return = self.policy.spot_return
+        if spot_return is None:
+            return None
+        return spot_return.watch_for(record, self.current, instance_types or self.instance_types)
+
+    def after_move(self, record: AttemptRecord) -> Step:
+        """``record``'s attempt checkpointed and stopped because spot returned: the next attempt runs on spot."""
+        step = self.next_submit()
+        moves = len(self.moves())
+        limit = self.policy.spot_return.max_moves if self.policy.spot_return is not None else moves
+        decision = record.spot_return or {}
+        saving = decision.get("saving_usd")
+        why = str(decision.get("summary") or "spot capacity returned")
+        worth = f"; estimated saving ${saving:.4f}" if isinstance(saving, (int, float)) else ""
+        self.note = (
+            f"{describe(self.backend_name, record)} checkpointed and stopped: {why}{worth}. Moving back to spot: "
+            f"resubmitting on {step.capacity} (attempt {step.attempt}, planned move {moves} of at most {limit}; "
+            "not an interruption)."
+        )
+        return step
 
     def capacity_wait(self, record: AttemptRecord) -> float | None:
         """How long ``record``'s attempt may wait for capacity (the policy's, per capacity and instance type)."""
@@ -364,6 +413,8 @@ class AttemptEngine:
             "capacity": record.capacity,
             "attempts": [r.public() for r in run],
             "interruptions": len(interruptions_of(run)),
+            "moves_to_spot": sum(1 for r in run if r.interruption == MOVED_TO_SPOT),
+            "spot_return_saving_usd": _move_saving(run),
             "gpu_seconds": round(sum(r.gpu_seconds for r in run), 3),
             "gpu_hours": round(sum(r.gpu_seconds for r in run) / 3600.0, 6),
             "cost_usd": _run_cost(run),

@@ -250,6 +250,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
 
     def _validate_for(self, backend: Backend, max_runtime_s: float | None) -> None:
         resources = self.gpu_resources
+        if self.capacity.spot_return is not None:  # back to spot: some EC2 instance type to read spot capacity of
+            self.capacity.spot_return.validate(resources.instance_types)
         if self.capacity.instances is not None:
             # an ordered preference, one type per attempt: checked type by type (price table, backend)
             validate_instance_fallback(resources.instance_types, backend=backend)
