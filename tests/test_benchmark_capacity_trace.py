@@ -27,11 +27,20 @@ from benchmarks.capacity_trace import (
     run,
     write_trace,
 )
-from gpu_provider.capacity import Ladder, LadderRung, SpotFallback
-from gpu_provider.names import CAPACITY_TIMEOUT, ON_DEMAND, PREEMPTED, SPOT
+from gpu_provider.capacity import Ladder, LadderRung, SpotFallback, SpotReturn
+from gpu_provider.names import CAPACITY_TIMEOUT, MOVED_TO_SPOT, ON_DEMAND, PREEMPTED, SPOT
 from gpu_provider.spend.prices import EC2, SAGEMAKER, PriceBook
 
-ON_DEMAND_ONLY, SPOT_THEN_ON_DEMAND, INSTANCE_FALLBACK, LADDER_SM, LADDER_BATCH, LADDER_TYPES = CONFIGS
+(
+    ON_DEMAND_ONLY,
+    SPOT_THEN_ON_DEMAND,
+    INSTANCE_FALLBACK,
+    BACK_TO_SPOT,
+    INSTANCE_FALLBACK_BACK_TO_SPOT,
+    LADDER_SM,
+    LADDER_BATCH,
+    LADDER_TYPES,
+) = CONFIGS
 P5, P4D, G6E = INSTANCE_TYPES
 
 
@@ -238,6 +247,55 @@ def test_a_ladder_rung_the_replay_cannot_play_is_named() -> None:
     )
     with pytest.raises(ValueError, match=r"two types: ladder rung 0 \(batch, \['p5.48xlarge', 'p4d.24xlarge'\]\)"):
         replay(quiet_trace(), two_types)
+
+
+def test_back_to_spot_moves_the_on_demand_attempt_at_the_first_reading_after_spot_returns() -> None:
+    # spot p5 goes away at hour 2 (its running instance reclaimed) and returns at hour 5
+    trace = quiet_trace(**{pool_key("batch", SPOT, P5): {"unavailable": [[2.0, 5.0]]}})
+    task = Task()
+    o = replay(trace, BACK_TO_SPOT, task)
+    assert [(a.capacity, a.outcome) for a in o.attempts] == [
+        (SPOT, PREEMPTED),
+        (ON_DEMAND, MOVED_TO_SPOT),
+        (SPOT, "succeeded"),
+    ]
+    on_demand, back = o.attempts[1], o.attempts[2]
+    # the watch reads every 10 minutes from the attempt's submission: the first reading at or after hour 5
+    assert 5.0 <= on_demand.ended_h < 5.0 + 10 / 60 and back.submitted_h == on_demand.ended_h
+    move = on_demand.move
+    assert move is not None and move["score"] == 9 and move["saving_pct"] == 60.0  # spot at 0.4 x on-demand
+    assert move["instance_type"] == P5 and move["saving_usd"] > 0
+    # a planned move is no interruption: one reclaim in all, and a budget of one is enough
+    assert o.reclaims == 1 and o.moves == 1
+    strict = Config(
+        "budget of one",
+        lambda: SpotFallback(max_interruptions=1, spot_wait_timeout=600, spot_return=SpotReturn(regions=["us-east-1"])),
+    )
+    assert replay(trace, strict).finished
+    # the work kept on on-demand carries over to spot; what ran since the last checkpoint is redone
+    assert sum(a.work_kept_h for a in o.attempts) == pytest.approx(task.work_h)
+    assert replay(trace, BACK_TO_SPOT, Task(checkpoint_at_notice=True)).work_redone_h == 0
+    # without the spot-return piece, or while spot stays away, the on-demand attempt runs to the end
+    assert [a.outcome for a in replay(trace, SPOT_THEN_ON_DEMAND).attempts] == [PREEMPTED, "succeeded"]
+    scarce = quiet_trace(**{pool_key("batch", SPOT, P5): {"unavailable": [[2.0, HOURS]]}})
+    assert [a.outcome for a in replay(scarce, BACK_TO_SPOT).attempts] == [PREEMPTED, "succeeded"]
+
+
+def test_back_to_spot_waits_out_the_cooldown_after_a_reclaim_and_stops_after_max_moves() -> None:
+    # spot p5 never runs out, but reclaims a running instance at hours 2, 5 and 8
+    trace = quiet_trace(**{pool_key("batch", SPOT, P5): {"reclaims": [2.0, 5.0, 8.0]}})
+    o = replay(trace, BACK_TO_SPOT)
+    assert [(a.capacity, a.outcome) for a in o.attempts] == [
+        (SPOT, PREEMPTED),
+        (ON_DEMAND, MOVED_TO_SPOT),
+        (SPOT, PREEMPTED),
+        (ON_DEMAND, MOVED_TO_SPOT),
+        (SPOT, PREEMPTED),
+        (ON_DEMAND, "succeeded"),  # max_moves=2 spent: it stays on on-demand
+    ]
+    # each move waits an hour (the cooldown) after the reclaim before it, then the next 10 minute reading
+    for reclaimed, moved in ((o.attempts[0], o.attempts[1]), (o.attempts[2], o.attempts[3])):
+        assert reclaimed.ended_h + 1.0 <= moved.ended_h < reclaimed.ended_h + 1.0 + 10 / 60
 
 
 def test_a_spent_interruption_budget_ends_the_task_unfinished() -> None:
