@@ -40,10 +40,11 @@ the budget) and spot waits of 10 minutes, as the example pipeline has them: **on
 **spot, then on-demand on one service** (``SpotFallback(after_preemptions=1)`` on Batch: today);
 **the same + instance fallback** (composed with ``InstanceFallback``, p5 -> p4d -> g6e, on-demand waiting 15
 minutes per type but the last); both again **+ back to spot** (``spot_return=SpotReturn(...)``, its
-defaults, the task's 40 hours as ``expected_runtime``); and **ladders** across services (``Ladder`` of
-``LadderRung``: Batch spot -> SageMaker managed spot -> SageMaker or Batch on-demand, and one whose rungs also
-step through instance types). A ``Ladder`` takes neither ``instances=`` nor ``spot_return=``, so instance
-fallback, a ladder and back-to-spot do not compose in one policy: each is measured where it composes.
+defaults, the task's 40 hours as ``expected_runtime``), and once more with ``max_moves=10``; and
+**ladders** across services (``Ladder`` of ``LadderRung``: Batch spot -> SageMaker managed spot ->
+SageMaker or Batch on-demand, and one whose rungs also step through instance types). A ``Ladder`` takes
+neither ``instances=`` nor ``spot_return=``, so instance fallback, a ladder and back-to-spot do not compose
+in one policy: each is measured where it composes.
 
 Usage: ``python benchmarks/capacity_trace.py [--quick] [--seeds N] [--trace-dir DIR] [--trace FILE]``.
 """
@@ -546,10 +547,10 @@ def _ladder(*rungs: tuple[str, str, str]) -> Callable[[], CapacityPolicy]:
     return make
 
 
-def _spot_return() -> SpotReturn:
+def _spot_return(**options: Any) -> SpotReturn:
     """Back to spot, with SpotReturn's defaults (30 % saving, score 7, a reading every 10 minutes, 2 moves, an
     hour's cooldown after a reclaim, 30 minutes of work left) and the task's expected runtime; read in us-east-1."""
-    return SpotReturn(expected_runtime=timedelta(hours=Task.work_h), regions=[REGION], aws_conn_id=None)
+    return SpotReturn(expected_runtime=timedelta(hours=Task.work_h), regions=[REGION], aws_conn_id=None, **options)
 
 
 CONFIGS: tuple[Config, ...] = (
@@ -587,6 +588,15 @@ CONFIGS: tuple[Config, ...] = (
             spot_return=_spot_return(),
         ),
         instance_types=INSTANCE_TYPES,
+    ),
+    Config(
+        "spot, then on-demand + back to spot, max_moves=10",
+        lambda: SpotFallback(
+            after_preemptions=1,
+            spot_wait_timeout=SPOT_WAIT,
+            max_interruptions=MAX_INTERRUPTIONS,
+            spot_return=_spot_return(max_moves=10),
+        ),
     ),
     Config(
         "ladder: Batch spot, SageMaker spot, SageMaker on-demand",

@@ -37,6 +37,7 @@ from gpu_provider.spend.prices import EC2, SAGEMAKER, PriceBook
     INSTANCE_FALLBACK,
     BACK_TO_SPOT,
     INSTANCE_FALLBACK_BACK_TO_SPOT,
+    BACK_TO_SPOT_10_MOVES,
     LADDER_SM,
     LADDER_BATCH,
     LADDER_TYPES,
@@ -293,6 +294,7 @@ def test_back_to_spot_waits_out_the_cooldown_after_a_reclaim_and_stops_after_max
         (SPOT, PREEMPTED),
         (ON_DEMAND, "succeeded"),  # max_moves=2 spent: it stays on on-demand
     ]
+    assert replay(trace, BACK_TO_SPOT_10_MOVES).moves == 3  # a higher bound: back to spot after every reclaim
     # each move waits an hour (the cooldown) after the reclaim before it, then the next 10 minute reading
     for reclaimed, moved in ((o.attempts[0], o.attempts[1]), (o.attempts[2], o.attempts[3])):
         assert reclaimed.ended_h + 1.0 <= moved.ended_h < reclaimed.ended_h + 1.0 + 10 / 60
