@@ -250,3 +250,41 @@ def test_a_reading_that_fails_never_moves(ec2_spot: Ec2SpotEmulator, monkeypatch
     assert watch.check(JobStatus(state=JobState.RUNNING, started_at=time.time())) is not None
     # a queued or ended attempt is not read for at all
     assert watch.check(JobStatus(state=JobState.QUEUED)) is None and watch.why_not == "the attempt is not running"
+
+
+def test_the_trigger_carries_what_the_wait_watches_through_a_round_trip() -> None:
+    from gpu_provider.triggers.gpu_job import GpuJobTrigger
+
+    running = _record(2, names.ON_DEMAND, JobState.RUNNING)
+    watch = SpotReturn(check_every=30).watch_for(running, [running], ("p4d.24xlarge",))
+    trigger = GpuJobTrigger(backend={"name": "local"}, handle=running.handle.to_dict(), spot_return=watch)
+    path, kwargs = trigger.serialize()
+    assert path == "gpu_provider.triggers.gpu_job.GpuJobTrigger"
+    again = GpuJobTrigger(**kwargs)
+    assert again.serialize() == (path, kwargs) and again.spot_return == watch
+    assert SpotReturnWatch(again.spot_return).policy == SpotReturn(check_every=30)  # type: ignore[arg-type]
+    # a trigger of an older version, without it, reads no spot capacity
+    kwargs.pop("spot_return")
+    assert GpuJobTrigger(**kwargs).spot_return is None
+
+
+def test_the_gpu_page_shows_a_move_with_its_saving_and_does_not_count_it_as_an_interruption() -> None:
+    import json
+
+    from gpu_provider.plugins.ui import data
+
+    now = time.time()
+    moved = _record(1, names.ON_DEMAND, JobState.CANCELLED, interruption=names.MOVED_TO_SPOT)
+    moved.spot_return = {"saving_usd": 12.5, "saving_pct": 64.9}
+    moved.started_at, moved.ended_at = _iso(600), _iso(300)
+    done = _record(2, names.SPOT, JobState.SUCCEEDED)
+    done.started_at, done.ended_at = _iso(290), _iso(10)
+    row = data.TaskRow(
+        dag_id="d", run_id="r", task_id="t", map_index=-1, value=json.dumps(dump_records([moved, done])), pool="gpu_ml"
+    )
+    attempts = data.attempts_of([row], {}, now)
+    shown = {a["attempt"]: a for a in data.recent(attempts, now, offset=0, limit=10)["attempts"]}
+    assert (shown[1]["end"], shown[1]["spot_return_saving_usd"]) == (names.MOVED_TO_SPOT, 12.5)
+    assert shown[2]["spot_return_saving_usd"] is None
+    (team,) = data.team_figures(attempts, [], now)
+    assert team["interruption_rate"]["day"]["on-demand"]["interrupted"] == 0, "a planned move is no interruption"

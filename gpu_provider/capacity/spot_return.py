@@ -144,8 +144,11 @@ class SpotReturn:
         return tuple(dict.fromkeys(t.removeprefix("ml.") for t in types))
 
     def validate(self, resources_types: Sequence[str]) -> None:
-        """Parse-time: some instance type to read spot capacity for, each an EC2 name."""
+        """Parse-time: some instance type to read spot capacity for, each an EC2 name; the AWS clients installed."""
+        from gpu_provider.extras import require_extra
         from gpu_provider.triggers.spot_capacity import validate_instance_types
+
+        require_extra("aws", "capacity.spot_return (reads EC2 spot placement scores and prices)")
 
         types = self.watched_types(resources_types)
         if not types:
@@ -272,6 +275,8 @@ class SpotReturnWatch:
             return None
         blocked = self._blocked()
         if blocked:
+            if log is not None and blocked.split(" (")[0] != self.why_not.split(" (")[0]:
+                log.info("Spot return: no reading now: %s.", blocked)
             self.why_not = blocked
             return None
         self.readings += 1

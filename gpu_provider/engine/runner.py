@@ -25,6 +25,7 @@ from gpu_provider.engine.watch import (
     NEVER_STARTS,
     QUEUE_TIMEOUT,
     RESTART_LIMIT,
+    SPOT_RETURNED,
     AttemptWatch,
 )
 from gpu_provider.exceptions import (
@@ -184,6 +185,10 @@ class AttemptRunner:
         self.cancel_retry_s = cancel_retry_s
         #: why the last owner read failed (for messages)
         self.owner_error = ""
+        #: the task's ``resources.instance_types`` (what a ``SpotReturn`` reads spot capacity for)
+        self.spot_types: tuple[str, ...] = ()
+        #: the reading that said "move back to spot" (the wait's, or the trigger event's)
+        self.spot_decision: dict[str, Any] | None = None
 
     def persist(self) -> None:
         """Save the records, the oldest history folded into the engine's summary past ``max_records``."""
@@ -300,6 +305,7 @@ class AttemptRunner:
             restart_limit=self.restart_limit(record),
             cost_limit=self.cost_limit(record),
         )
+        spot = self.spot_return_watch(record)
         while not self.stop.is_set():
             try:
                 status = self.backend.poll([handle])[handle.job_id]
@@ -319,6 +325,11 @@ class AttemptRunner:
                 if status.state is JobState.SUCCEEDED and watch.output_uri and declared_wins:
                     status = JobStatus.from_dict({**status.to_dict(), "output_uri": watch.output_uri})
                 return status, outcome
+            if spot is not None and spot.due():  # back to spot: a reading every check_every, on-demand only
+                decision = spot.check(status, self.log)
+                if decision is not None:
+                    self.spot_decision = decision
+                    return status, SPOT_RETURNED
             self.stop.wait(poll_interval)
         # killed: on_kill cancelled the job; stop polling at once
         raise GpuJobCancelledError(f"{self.describe_attempt(record)} was cancelled because this task was killed.")
@@ -330,12 +341,14 @@ class AttemptRunner:
             owned = self.owned_later(record)
             if owned:
                 self.stand_down(record)
-            if owned is None and outcome in (CAPACITY_TIMEOUT, RESTART_LIMIT):
+            if owned is None and outcome in (CAPACITY_TIMEOUT, RESTART_LIMIT, SPOT_RETURNED):
                 # a new attempt would follow the stop: nothing on a guess; look again after a pause
                 self.stop.wait(self.cancel_retry_s)
                 return Wait(record)
             # unreadable before a stop that ends this try (queue timeout, deadline, budget): the try
             # stops it as its owner, as on_kill does, rather than leave it billing for nobody
+        if outcome == SPOT_RETURNED:
+            return self._move_to_spot(record)
         if outcome == CAPACITY_TIMEOUT:
             # the sample may be stale (the trigger fired, then the task waited for a slot): look again
             fresh = poll_one(self.backend, record.handle)
@@ -397,9 +410,63 @@ class AttemptRunner:
         else:
             if status.never_starts and status.state.terminal:
                 self._remove_unstarted(record, status)
+            planned = record.interruption == names.MOVED_TO_SPOT
             engine.saw(record, status)
+            if planned and record.state.terminal and record.state is not JobState.SUCCEEDED:
+                record.interruption = names.MOVED_TO_SPOT  # the stop it asked for, however the service words it
         self.persist()
         return engine.ended(record, stopped_by_kill=self.stop.is_set())
+
+    # --- back to spot when spot returns (``SpotFallback(spot_return=SpotReturn(...))``) -----------------
+    def spot_return_watch(self, record: AttemptRecord) -> Any:
+        """The spot readings of ``record``'s wait (a :class:`~gpu_provider.capacity.spot_return.SpotReturnWatch`),
+        or ``None`` when nothing is to be read (no ``spot_return``, not on on-demand, ``max_moves`` spent)."""
+        watch = self.engine.spot_return_watch(record, self.spot_types)
+        if watch is None:
+            return None
+        from gpu_provider.capacity.spot_return import SpotReturnWatch
+
+        return SpotReturnWatch(watch)
+
+    def _move_to_spot(self, record: AttemptRecord) -> Step:
+        """Spot returned and pays (:attr:`spot_decision`): ask the attempt to checkpoint and stop, through the
+        backend's stop (the path of a spot interruption: SIGTERM, grace period, SIGKILL), then wait for it to end;
+        the engine then submits the next attempt on spot. Only on fresh evidence: this try owns the attempt
+        (read by :meth:`after_wait`) and it is running now; otherwise nothing is stopped."""
+        engine = self.engine
+        fresh = poll_one(self.backend, record.handle)
+        if fresh is None or fresh.state is not JobState.RUNNING:
+            if fresh is not None:
+                engine.saw(record, fresh)
+                self.persist()
+                if fresh.state.terminal:
+                    return engine.ended(record)
+            self.log.info(
+                "Spot returned, but %s is %s now: not moving it.",
+                self.describe_attempt(record),
+                "unreadable" if fresh is None else fresh.state.value,
+            )
+            return Wait(record)
+        if fresh.owner_try is not None and fresh.owner_try > engine.try_number:  # the status says so too
+            record.owner_try = fresh.owner_try
+            self.stand_down(record)
+        decision = dict(self.spot_decision or {})
+        record.interruption, record.spot_return = names.MOVED_TO_SPOT, decision
+        self.persist()  # before the stop: a crash after it still knows the move was planned
+        reason = (
+            f"{names.SPOT_RETURN_MARK}{decision.get('summary') or 'spot capacity returned'}; the job checkpoints and "
+            f"stops, and its next attempt runs on spot; stopped by {self.label}"
+        )
+        if not self.cancel(record, reason):
+            record.interruption, record.spot_return = None, None
+            self.persist()
+            return Wait(record)
+        self.log.warning(
+            "Spot capacity returned: asked %s to checkpoint and stop (%s); the next attempt runs on spot.",
+            self.describe_attempt(record),
+            decision.get("summary") or "no details",
+        )
+        return Wait(record)  # until the job has saved its checkpoint and ended
 
     def _remove_unstarted(self, record: AttemptRecord, status: JobStatus) -> None:
         """The backend's verdict on an attempt that never started is final (it can never start, or it

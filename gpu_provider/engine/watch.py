@@ -23,6 +23,7 @@ from gpu_provider.names import (
     EVENT_NEVER_STARTS,
     EVENT_QUEUE_TIMEOUT,
     EVENT_RESTART_LIMIT,
+    EVENT_SPOT_RETURNED,
 )
 
 #: failed status reads in a row before the wait gives up (the owning task then leaves the job to its Airflow
@@ -36,6 +37,8 @@ DEADLINE = EVENT_DEADLINE
 RESTART_LIMIT = EVENT_RESTART_LIMIT
 BUDGET = EVENT_BUDGET
 NEVER_STARTS = EVENT_NEVER_STARTS
+#: not decided by :meth:`AttemptWatch.read`: the wait's spot reading (``SpotReturn``) says move back to spot
+SPOT_RETURNED = EVENT_SPOT_RETURNED
 
 __all__ = [
     "BUDGET",
@@ -46,6 +49,7 @@ __all__ = [
     "NEVER_STARTS",
     "QUEUE_TIMEOUT",
     "RESTART_LIMIT",
+    "SPOT_RETURNED",
     "AttemptWatch",
 ]
 

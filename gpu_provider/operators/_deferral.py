@@ -15,6 +15,7 @@ from gpu_provider.engine.watch import (
     NEVER_STARTS,
     QUEUE_TIMEOUT,
     RESTART_LIMIT,
+    SPOT_RETURNED,
 )
 from gpu_provider.exceptions import GpuJobPollError
 from gpu_provider.names import DEFER_TIMEOUT_SLACK_S
@@ -34,6 +35,7 @@ _OUTCOMES = {
     names.EVENT_RESTART_LIMIT: RESTART_LIMIT,
     names.EVENT_BUDGET: BUDGET,
     names.EVENT_NEVER_STARTS: NEVER_STARTS,
+    names.EVENT_SPOT_RETURNED: SPOT_RETURNED,
 }
 
 
@@ -76,6 +78,7 @@ def job_trigger(
         cost_limit=runner.cost_limit(record),
         try_number=plan.try_number,
         spend=spend,
+        spot_return=runner.engine.spot_return_watch(record, runner.spot_types),
     )
     return trigger, timeout
 

@@ -325,6 +325,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         status = JobStatus.from_dict(event["job_status"])
         self._publish_log_link(context, status.log_url)
         outcome = outcome_of(event)
+        runner.spot_decision = event.get("spot_return")  # spot_returned: the trigger's reading
         if outcome == ENDED and not plan.backend.stream_logs_when_deferred:
             LogForwarder(plan.backend, handle, self.log).settle()
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
@@ -377,6 +378,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             cost_limit=lambda record: spend.cost_limit(record, engine.records),
             max_records=configured_max_attempt_records(),
         )
+        runner.spot_types = tuple(self.gpu_resources.instance_types)  # what a SpotReturn reads spot capacity for
         return runner
 
     def _run(self, context: Context, plan: Plan, runner: AttemptRunner, step: Step, deadline: float | None) -> Any:

@@ -335,6 +335,9 @@ class GpuJobTrigger(BaseTrigger):
         stops the job reports its end once, with the service's GPU time and cost, in the metrics and the
         team's month (the triggerer cannot write the task's records; the GPU page reads the end from the
         service). ``None``: the kill stops the job and reports nothing.
+    :param spot_return: back to spot (``SpotReturn.watch_for``): while the attempt runs on on-demand, the trigger
+        reads spot capacity every ``check_every`` and fires ``spot_returned`` (with the reading, ``spot_return``)
+        when the move pays; the task then asks the job to checkpoint and stop. ``None``: no readings.
     """
 
     #: whether the task behind the trigger owns the job (and may stop it); a watching task's trigger does not
@@ -355,10 +358,12 @@ class GpuJobTrigger(BaseTrigger):
         cost_limit: dict[str, float] | None = None,
         try_number: int | None = None,
         spend: dict[str, Any] | None = None,
+        spot_return: dict[str, Any] | None = None,
         **_newer: Any,
     ) -> None:
         # ``_newer``: arguments a newer provider version added; a triggerer one version behind still runs it
         super().__init__()  # type: ignore[no-untyped-call]
+        self.spot_return = dict(spot_return) if spot_return else None
         self.backend = dict(backend)
         self.handle = dict(handle)
         self.poll_interval = float(poll_interval)
@@ -388,15 +393,24 @@ class GpuJobTrigger(BaseTrigger):
                 "cost_limit": self.cost_limit,
                 "try_number": self.try_number,
                 "spend": self.spend,
+                "spot_return": self.spot_return,
             },
         )
 
-    def _event(self, status: str, job_status: JobStatus | None, message: str) -> TriggerEvent:
+    def _event(self, status: str, job_status: JobStatus | None, message: str, **more: Any) -> TriggerEvent:
         # a deadline event may carry no sample: the task treats the job as still running
         sample = job_status or JobStatus(state=JobState.RUNNING)
         return TriggerEvent(  # type: ignore[no-untyped-call]
-            {"status": status, "handle": self.handle, "job_status": sample.to_dict(), "message": message}
+            {"status": status, "handle": self.handle, "job_status": sample.to_dict(), "message": message, **more}
         )
+
+    def _spot_return_watch(self) -> Any:
+        """The spot readings of the wait (``SpotReturnWatch``), ``None`` without ``spot_return`` or for a watcher."""
+        if not self.spot_return or not self.owns_job:
+            return None
+        from gpu_provider.capacity.spot_return import SpotReturnWatch
+
+        return SpotReturnWatch(self.spot_return)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         backend = resolve_backend(self.backend)
@@ -424,6 +438,7 @@ class GpuJobTrigger(BaseTrigger):
             owner=self.owns_job,
         )
         last: JobStatus | None = None
+        spot = self._spot_return_watch()
         try:
             while True:
                 item = await within(queue.get(), self._next_look(last))
@@ -463,6 +478,16 @@ class GpuJobTrigger(BaseTrigger):
                         f"{watch.waited():.0f}s ({outcome})",
                     )
                     return
+                if spot is not None and spot.due():  # back to spot: a reading every check_every, on-demand only
+                    decision = await asyncio.to_thread(spot.check, item, self.log)
+                    if decision is not None:
+                        yield self._event(
+                            names.EVENT_SPOT_RETURNED,
+                            item,
+                            f"{backend.name} job {handle.job_id}: spot returned: {decision.get('summary')}",
+                            spot_return=decision,
+                        )
+                        return
         finally:
             watch.logs.finish()
             poller.unsubscribe(handle, queue)

@@ -167,6 +167,8 @@ class Attempt:
             "reason": r.reason,
             "interruption": r.interruption,
             "restarts": r.restarts,
+            # a move back to spot (not an interruption): what it is estimated to save
+            "spot_return_saving_usd": (r.spot_return or {}).get("saving_usd"),
             "instance_type": (live.instance_type if live else None) or r.instance_type,
             "usd_per_hour": (r.price or {}).get("usd_per_hour"),
             "gpus": round(self.gpus, 3),

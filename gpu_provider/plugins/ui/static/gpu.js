@@ -159,7 +159,8 @@
     const rows = data.attempts.map((r) => el("tr", { "data-job": r.job_id, "data-end": r.end },
       el("td", { class: "when" }, when(r.ended_at)), taskCell(r), teamCell(r.team),
       el("td", { class: "attempt" }, `#${r.attempt} `, r.backend, " ", ...capacityCell(r)),
-      el("td", { class: `end end-${r.end}` }, r.end.replace("_", " ")),
+      el("td", { class: `end end-${r.end}` }, r.end.replace(/_/g, " ") +
+        (typeof r.spot_return_saving_usd === "number" ? ` (saves ~$${r.spot_return_saving_usd.toFixed(2)})` : "")),
       el("td", { class: "reason" }, r.reason || ""), el("td", { class: "num" }, hours(r.gpu_hours)),
       el("td", { class: "num" }, money(r.cost_usd)), links(r)));
     fill(document.querySelector("#recent tbody"), rows, 9, "No attempt ended in the last 30 days.");
