@@ -435,9 +435,13 @@ def moved_at(
         watch = spot_return.watch_for(records[-1], records, types)
         if watch is None:  # nothing to watch: max_moves spent
             return None
-        reader = SpotReturnWatch(watch, on_demand_price=lambda t, _region: on_demand[t], clock=lambda: 0.0)
-        # the watch's EC2 clients, built lazily from the AWS connection on a deployment: here, the trace's
-        reader._clients = lambda _region, now=check: TraceEc2(pools, attempt.service, now)
+        # the watch's EC2 clients, built from the AWS connection on a deployment: here, the trace's
+        reader = SpotReturnWatch(
+            watch,
+            on_demand_price=lambda t, _region: on_demand[t],
+            clock=lambda: 0.0,
+            clients=lambda _region, now=check: TraceEc2(pools, attempt.service, now),
+        )
         decision = reader.check(JobStatus(state=JobState.RUNNING, started_at=base + attempt.started_h * 3600.0))
         if decision is not None:
             return check, decision

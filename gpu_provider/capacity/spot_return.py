@@ -244,6 +244,8 @@ class SpotReturnWatch:
 
     :param watch: :meth:`SpotReturn.watch_for`'s mapping.
     :param on_demand_price: ``instance_type -> USD per instance-hour`` on on-demand (default: the price book).
+    :param clients: ``region -> EC2 client`` to read spot capacity with (default: built from the policy's AWS
+        connection on the first reading; a replay or a test gives its own).
     """
 
     def __init__(
@@ -252,13 +254,14 @@ class SpotReturnWatch:
         *,
         on_demand_price: Callable[[str, str | None], float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        clients: Callable[[str], Any] | None = None,
     ) -> None:
         self.watch = dict(watch)
         self.policy = SpotReturn.from_dict(self.watch["policy"])
         self.clock = clock
         self._next = clock() + self.policy.check_every_s
         self._on_demand_price = on_demand_price
-        self._clients: Any = None
+        self._clients: Any = clients
         #: why the last reading did not move the attempt (for the log and tests)
         self.why_not = ""
         self.readings = 0
