@@ -269,6 +269,7 @@ class Supervisor:
 
         state, reason, exit_code = self._watch(started)
         if state != common.SUCCEEDED:
+            self._drain_ended()  # an ended node's last lines come before the supervisor's words about its end
             self.set_state(common.STOPPING, reason)
             self.note(f"stopping: {reason}; SIGTERM to every node, SIGKILL after {self.grace:g}s")
         self._stop_nodes(grace=self.grace if state != common.SUCCEEDED else 0.0)
@@ -413,6 +414,14 @@ class Supervisor:
         self.pumps.append(pump)
         return proc
 
+    def _drain_ended(self) -> None:
+        """Wait (at most :data:`_PUMP_JOIN_S` in all) until every node that has exited has its output copied:
+        its pipe ends with it, unless a process it left behind holds it open."""
+        deadline = time.monotonic() + _PUMP_JOIN_S
+        for proc, pump in zip(self.procs, self.pumps, strict=False):
+            if proc.returncode is not None:
+                pump.join(max(0.0, deadline - time.monotonic()))
+
     def _pump(self, rank: int, stream: Any) -> None:
         """Copy one node's output into the log in bounded pieces (at most about 128 KiB held)."""
         prefix = f"[node {rank}] ".encode()
@@ -426,8 +435,8 @@ class Supervisor:
                 held += data
                 end = held.rfind(b"\n")
                 if end >= 0:
+                    self.log.write(prefix, bytes(held[: end + 1]))  # first: the fault check imports on first use
                     self._look_for_faults(rank, held[: end + 1])
-                    self.log.write(prefix, bytes(held[: end + 1]))
                     del held[: end + 1]
                 if len(held) >= _HOLD_BYTES:  # a long line: write what is there, the line stays open
                     self.log.write(prefix, bytes(held))
