@@ -82,6 +82,13 @@ def test_instance_fallback_is_refused_on_a_ladder_with_what_to_do_instead() -> N
         Ladder(LadderRung("batch", "spot"), instances=InstanceFallback())
 
 
+def test_back_to_spot_is_refused_on_a_ladder_with_what_to_do_instead() -> None:
+    from gpu_provider import SpotReturn
+
+    with pytest.raises(ValueError, match=r"Ladder\(spot_return=SpotReturn\(\.\.\.\)\) is not supported"):
+        Ladder(LadderRung("batch", "spot"), spot_return=SpotReturn(instance_types=["p4d.24xlarge"]))
+
+
 def test_every_rung_is_validated_by_its_own_backend() -> None:
     ladder = _ladder()
     backends = ladder.validate_rungs(GpuResources(gpus=8), image="trainer:1")

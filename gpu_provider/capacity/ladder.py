@@ -192,6 +192,12 @@ class Ladder(CapacityPolicy):
                 "Ladder(instances=InstanceFallback(...)) is not supported: give each rung its own instance_types "
                 "(a set its backend picks from), or use instances= with SpotFallback on one backend"
             )
+        if kwargs.get("spot_return") is not None:
+            raise ValueError(
+                "Ladder(spot_return=SpotReturn(...)) is not supported: moving back to spot is composed with "
+                "SpotFallback on one backend (SpotFallback(spot_return=...)), not with a ladder yet"
+            )
+        kwargs.pop("spot_return", None)
         kwargs.setdefault("max_interruptions", len(rungs))
         super().__init__(**kwargs)
         self.rungs: tuple[LadderRung, ...] = tuple(_rung(i, r) for i, r in enumerate(rungs))
