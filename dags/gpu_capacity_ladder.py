@@ -17,7 +17,9 @@ Read when the file is parsed, from the deployment:
 * ``GPU_LADDER_WORK_ROOT`` (default ``file:///tmp/gpu-ladder``): where the example's data and model go. The
   example programs read and write ``file://`` only, which works where jobs run as local processes (the
   emulators of ``gpu_provider.testing``); on AWS, put your own training program in the image and its data on S3;
-* ``GPU_LADDER_IMAGE`` (default ``gpu-pipeline:latest``): the container image every rung runs.
+* ``GPU_LADDER_IMAGE`` (default ``gpu-pipeline:latest``): the container image every rung runs;
+* ``GPU_LADDER_STEP_DELAY`` (default ``0``): seconds the example trainer sleeps per step, 0 to 10 (pacing, so that
+  a reclaim has a training step to land in: the example's 120 steps take about a second unpaced).
 
 The Batch queue and connection, the SageMaker role and output path come from ``[gpu_provider]``
 (``batch_spot_queue``, ``batch_aws_conn_id``, ``sagemaker_role_arn``, ...). A rung in another region is
@@ -45,6 +47,12 @@ _WORK = os.environ.get("GPU_LADDER_WORK_ROOT", "").strip().rstrip("/") or "file:
 if not re.fullmatch(r"file:///[A-Za-z0-9._/-]+", _WORK) or ".." in _WORK:
     raise ValueError("GPU_LADDER_WORK_ROOT must be a file:///absolute/path URI (no '..')")
 _IMAGE = os.environ.get("GPU_LADDER_IMAGE", "").strip() or "gpu-pipeline:latest"
+try:
+    _STEP_DELAY = float(os.environ.get("GPU_LADDER_STEP_DELAY", "").strip() or "0")
+except ValueError:
+    _STEP_DELAY = -1.0
+if not 0.0 <= _STEP_DELAY <= 10.0:
+    raise ValueError("GPU_LADDER_STEP_DELAY must be a number of seconds from 0 to 10")
 #: the Batch spot queue of the first rung: ``[gpu_provider] batch_spot_queue``, else ``GPU_LADDER_SPOT_QUEUE``, else
 #: ``gpu-spot`` (a literal, checked when the file is parsed, like every rung's options)
 _SPOT_QUEUE = (
@@ -98,6 +106,8 @@ with DAG(
             "64",
             "--checkpoint-every",
             "5",
+            "--step-delay",
+            f"{_STEP_DELAY:g}",
         ],
         resources=GpuResources(gpus=1),
         capacity=Ladder(

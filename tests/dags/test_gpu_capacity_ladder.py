@@ -60,6 +60,8 @@ def test_the_example_moves_down_the_ladder_and_finishes_on_sagemaker_on_demand(
         "GPU_LADDER_CHECKPOINT_ROOT": f"s3://{gpu_aws.checkpoint_bucket}/{prefix}",
         "GPU_LADDER_WORK_ROOT": (harness.tmp / "work").as_uri(),
         "GPU_LADDER_IMAGE": "gpu-pipeline:test",
+        # paced: unpaced, the SageMaker spot attempt could finish its last steps before its reclaim (a full run)
+        "GPU_LADDER_STEP_DELAY": "0.05",
     }
     with Reclaimer(gpu_aws, prefix, "gpu-capacity-l") as reclaimer:
         run = harness.run(dag_file, "gpu_capacity_ladder", extra_env=env, timeout=300)
