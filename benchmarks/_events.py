@@ -9,7 +9,6 @@ poller long-polls) and its regular poll slows to the backstop (``[gpu_provider] 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -18,22 +17,11 @@ EVENTS_OFF = {"AIRFLOW__GPU_PROVIDER__KUBERNETES_WATCH": "false"}
 
 
 def wire_aws_events(client: Callable[[str], Any], kind: str, name: str) -> str:
-    """On an AWS emulator (its ``client``), the queue and the EventBridge rule of ``kind``'s events
-    (``batch`` or ``sagemaker``), created as ``gpu-provider events render`` says; returns the queue's URL.
-    The emulators put each job state change on moto's bus, and the rule delivers it to the queue."""
-    from gpu_provider.backends.aws.events import render
+    """On an AWS emulator (its ``client``), the queue and the EventBridge rule of ``kind``'s events; returns the
+    queue's URL (:func:`gpu_provider.testing.events.wire_event_queue`)."""
+    from gpu_provider.testing.events import wire_event_queue
 
-    sqs, events = client("sqs"), client("events")
-    url = str(sqs.create_queue(QueueName=name)["QueueUrl"])
-    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    plan = render(kind, queue_arn=arn, rule_name=f"{name}-rule")
-    sqs.set_queue_attributes(
-        QueueUrl=url, Attributes={**plan["queue"]["Attributes"], "Policy": json.dumps(plan["queue"]["Policy"])}
-    )
-    rule = plan["rule"]
-    events.put_rule(Name=rule["Name"], EventPattern=json.dumps(rule["EventPattern"]), State=rule["State"])
-    events.put_targets(Rule=rule["Name"], Targets=rule["Targets"])
-    return url
+    return wire_event_queue(client, kind, name)[0]
 
 
 def events_on(kind: str, queue_url: str | None = None) -> dict[str, str]:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import logging
 import re
 import statistics
@@ -121,18 +120,9 @@ _NOTICE = re.compile(r"gpu_provider: SIG[A-Z]+ received; stopping")
 
 def events_queue(client: Any, name: str) -> str:
     """An SQS queue fed by the EventBridge rule ``gpu-provider events render`` prints, on the emulator's moto."""
-    from gpu_provider.backends.aws.events import render
+    from gpu_provider.testing.events import wire_event_queue
 
-    sqs, events = client("sqs"), client("events")
-    url = sqs.create_queue(QueueName=name)["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    plan = render("batch", queue_arn=arn, rule_name=f"{name}-rule")
-    attributes = {**plan["queue"]["Attributes"], "Policy": json.dumps(plan["queue"]["Policy"])}
-    sqs.set_queue_attributes(QueueUrl=url, Attributes=attributes)
-    rule = plan["rule"]
-    events.put_rule(Name=rule["Name"], EventPattern=json.dumps(rule["EventPattern"]), State=rule["State"])
-    events.put_targets(Rule=rule["Name"], Targets=rule["Targets"])
-    return str(url)
+    return wire_event_queue(client, "batch", name)[0]
 
 
 def phases(jobs: list[dict[str, Any]], logs: dict[str, list[tuple[float, str]]]) -> list[dict[str, float]]:

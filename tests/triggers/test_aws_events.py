@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from gpu_provider.backends.aws.events import render
 from gpu_provider.backends.base import Backend, JobHandle, JobIdentity, JobRequest, TaskKey
 from gpu_provider.backends.batch import BatchBackend
 from gpu_provider.backends.sagemaker import SageMakerBackend
 from gpu_provider.job import GpuResources
+from gpu_provider.testing.events import wire_event_queue
 from gpu_provider.triggers.gpu_job import GpuJobTrigger, SharedPoller
 from tests.batch_world import BatchWorld
 from tests.sagemaker_world import SageMakerWorld
@@ -31,17 +31,7 @@ SLOW = 30.0
 
 def wire(client: Callable[[str], Any], backend: str, name: str) -> tuple[str, str]:
     """A queue and the rule ``render`` describes, on the emulator's moto; returns (queue URL, rule name)."""
-    sqs, events = client("sqs"), client("events")
-    url = sqs.create_queue(QueueName=name)["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    plan = render(backend, queue_arn=arn, rule_name=f"{name}-rule")
-    sqs.set_queue_attributes(
-        QueueUrl=url, Attributes={**plan["queue"]["Attributes"], "Policy": json.dumps(plan["queue"]["Policy"])}
-    )
-    rule = plan["rule"]
-    events.put_rule(Name=rule["Name"], EventPattern=json.dumps(rule["EventPattern"]), State=rule["State"])
-    events.put_targets(Rule=rule["Name"], Targets=rule["Targets"])
-    return url, rule["Name"]
+    return wire_event_queue(client, backend, name)
 
 
 def submit(backend: Backend, task: str, seconds: float) -> JobHandle:
