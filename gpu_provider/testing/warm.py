@@ -187,12 +187,15 @@ class WarmServer:
         request = {"args": list(args), "env": dict(env), "log": str(log), "cwd": os.getcwd()}
         connection.sendall(json.dumps(request).encode() + b"\n")
         try:
-            answer = json.loads(_read_line(connection, timeout=None))
+            raw, rest = _read_line(connection, timeout=None)
+            answer = json.loads(raw)
         except ConnectionError as err:
             raise RuntimeError(f"the warm server closed the connection; its log: {self.log}") from err
         if "error" in answer:
             raise RuntimeError(f"the warm server could not start the run: {answer['error']}")
-        return WarmChild(int(answer["pid"]), connection, [sys.executable, "-m", "gpu_provider.testing.dagrun", *args])
+        child = WarmChild(int(answer["pid"]), connection, [sys.executable, "-m", "gpu_provider.testing.dagrun", *args])
+        child._buffer = rest  # the child's exit, when it came with the answer
+        return child
 
     def close(self) -> None:
         if self.process.stdin is not None:
@@ -296,17 +299,19 @@ def _run_child(request: dict[str, Any], server_files: Sequence[Any]) -> None:
         os._exit(code)
 
 
-def _read_line(connection: socket.socket, timeout: float | None) -> bytes:
-    """One newline-ended message of the protocol (a request, or the server's answer to one)."""
+def _read_line(connection: socket.socket, timeout: float | None) -> tuple[bytes, bytes]:
+    """One newline-ended message of the protocol (a request, or the server's answer to one), and what came after
+    it in the same reads (a child that exits at once: its exit message arrives with the answer)."""
     data = b""
     connection.settimeout(timeout)
-    while not data.endswith(b"\n"):
+    while b"\n" not in data:
         chunk = connection.recv(65536)
         if not chunk:
             raise ConnectionError("the other end closed the connection before its message ended")
         data += chunk
     connection.settimeout(None)
-    return data
+    line, _, rest = data.partition(b"\n")
+    return line, rest
 
 
 def serve(address: str) -> None:
@@ -363,7 +368,7 @@ def serve(address: str) -> None:
                 elif key.data == "accept":
                     connection, _ = listener.accept()
                     try:
-                        request = json.loads(_read_line(connection, timeout=30))
+                        request = json.loads(_read_line(connection, timeout=30)[0])
                         sys.stdout.flush()
                         sys.stderr.flush()
                         pid = os.fork()
