@@ -10,8 +10,16 @@ The decisions:
 
 - the first attempt runs on rung 0;
 - every interruption the budget counts (a spot reclaim, a capacity timeout, a restart SageMaker made inside an
-  attempt, a job the service lost) moves the next attempt one rung down; the last rung takes every attempt after
-  it reached there;
+  attempt, a job the service lost) moves the next attempt to the rung after the one it ran on; the last rung
+  takes every attempt after it reached there;
+- composed with ``instances=InstanceFallback(...)``: each rung tries its instance types (the rung's
+  ``instance_types``, else the task's ``resources.instance_types``) in order, each with its own capacity wait; a
+  capacity timeout on a type that is not the rung's last one moves to the next type *on the same rung*; a timeout
+  on the last type, or a spot reclaim, moves to the next rung, at its first type;
+- composed with ``spot_return=SpotReturn(...)``: while an attempt runs on an on-demand rung, the wait reads spot
+  capacity of the spot rung the job was last on (its instance types, its connection and region); when spot
+  returns and pays, the attempt checkpoints and stops (a planned move, no interruption) and the next attempt runs
+  on that spot rung; a later reclaim there moves on to the rung after it;
 - a GPU hardware fault (``node_fault``) does not move: it is resubmitted on the same rung, on fresh hardware,
   within ``max_node_faults``;
 - a job's own failure goes to Airflow's retries, which continue on the rung the run had reached;
@@ -155,6 +163,19 @@ def _rung(index: int, value: Any) -> LadderRung:
     )
 
 
+def _check_spot_return_rungs(rungs: Sequence[LadderRung]) -> None:
+    """``Ladder(spot_return=...)`` moves an attempt on an on-demand rung back to a spot rung: it needs both."""
+    capacities = [r.capacity for r in rungs]
+    if SPOT not in capacities or ON_DEMAND not in capacities:
+        described = ", ".join(r.describe() for r in rungs)
+        missing = "spot" if SPOT not in capacities else "on_demand"
+        raise ValueError(
+            f"capacity.spot_return=SpotReturn(...) on a Ladder whose rungs are [{described}]: it moves an attempt on "
+            f"an on-demand rung back to a spot rung, and this ladder has no {missing} rung; allowed: a ladder with "
+            "at least one 'spot' and one 'on_demand' rung, or spot_return=None"
+        )
+
+
 class Ladder(CapacityPolicy):
     """Rungs on several backends (or regions), tried in order, one checkpoint for all of them.
 
@@ -170,7 +191,13 @@ class Ladder(CapacityPolicy):
     :param spot_wait_timeout: how long an attempt on a spot rung may wait for capacity before it is given up and
         the next rung runs (a timedelta or seconds; default 30 minutes; ``None`` waits forever).
     :param max_interruptions: default ``len(rungs)``: every rung is reached, and the last one may be interrupted
-        once more. Also ``backoff`` and ``max_node_faults`` (:class:`~gpu_provider.CapacityPolicy`).
+        once more; with ``instances=``, one more for each further instance type a rung names (a rung that uses the
+        task's types counts one: raise it yourself then). Also ``backoff`` and ``max_node_faults``
+        (:class:`~gpu_provider.CapacityPolicy`).
+    :param instances: an :class:`~gpu_provider.InstanceFallback`: each rung tries its instance types in order, the
+        next type on the same rung when capacity for one does not come; then the next rung.
+    :param spot_return: a :class:`~gpu_provider.SpotReturn`: an attempt on an on-demand rung moves back to the spot
+        rung the job was last on when spot returns there and saves enough. Needs a spot and an on-demand rung.
     """
 
     name = "ladder"
@@ -187,38 +214,116 @@ class Ladder(CapacityPolicy):
             raise ValueError("Ladder() needs at least one rung, e.g. Ladder(LadderRung('batch', 'spot'), ...)")
         if len(rungs) > MAX_RUNGS:
             raise ValueError(f"Ladder(...) has {len(rungs)} rungs; at most {MAX_RUNGS} are allowed")
-        if kwargs.get("instances") is not None:
-            raise ValueError(
-                "Ladder(instances=InstanceFallback(...)) is not supported: give each rung its own instance_types "
-                "(a set its backend picks from), or use instances= with SpotFallback on one backend"
-            )
-        if kwargs.get("spot_return") is not None:
-            raise ValueError(
-                "Ladder(spot_return=SpotReturn(...)) is not supported: moving back to spot is composed with "
-                "SpotFallback on one backend (SpotFallback(spot_return=...)), not with a ladder yet"
-            )
-        kwargs.pop("spot_return", None)
+        spot_return = kwargs.pop("spot_return", None)
+        parsed = tuple(_rung(i, r) for i, r in enumerate(rungs))
+        if kwargs.get("instances") is not None and "max_interruptions" not in kwargs:
+            # each instance type a rung names may take its own capacity timeout before the rung moves on
+            kwargs["max_interruptions"] = sum(max(1, len(r.instance_types or ())) for r in parsed)
         kwargs.setdefault("max_interruptions", len(rungs))
         super().__init__(**kwargs)
-        self.rungs: tuple[LadderRung, ...] = tuple(_rung(i, r) for i, r in enumerate(rungs))
+        self.rungs: tuple[LadderRung, ...] = parsed
+        from gpu_provider.capacity.spot_return import check_spot_return
+
+        self.spot_return = check_spot_return(spot_return)
+        if self.spot_return is not None:
+            _check_spot_return_rungs(self.rungs)
         self._spot_wait_s = to_seconds("capacity.spot_wait_timeout", spot_wait_timeout)
 
     # --- the policy's decisions ----------------------------------------------------------------
+    def types_for(self, index: int | None, instance_types: Sequence[str] = ()) -> tuple[str, ...]:
+        """The instance types of rung ``index``: its own ``instance_types``, else the task's."""
+        rung = self.rung(index)
+        if rung is not None and rung.instance_types is not None:
+            return rung.instance_types
+        return tuple(instance_types)
+
     def rung_index(self, interruptions: Sequence[Interruption]) -> int:
-        """The rung of the next attempt: one down per interruption so far, the last one after that."""
-        return min(len(interruptions), len(self.rungs) - 1)
+        """The rung of the next attempt (:meth:`rung_after`'s)."""
+        index = self.rung_after(interruptions).rung
+        return 0 if index is None else index
 
     def first_capacity(self) -> str:
         return self.rungs[0].capacity
 
     def capacity_after(self, interruptions: Sequence[Interruption]) -> str:
-        return self.rungs[self.rung_index(interruptions)].capacity
+        return self.rung_after(interruptions).capacity
 
     def rung_after(self, interruptions: Sequence[Interruption], instance_types: Sequence[str] = ()) -> Rung:
+        """The rung (and, under ``instances=``, the instance type) of the next attempt.
+
+        Walked interruption by interruption, oldest first, from rung 0 and its first type:
+
+        - a capacity timeout on a type of a rung that has a next type is the instance fallback's to absorb:
+          the same rung, its next type;
+        - any other interruption (a spot reclaim, a timeout on the rung's last type, a job the service lost)
+          moves to the rung *after the one the attempt ran on* (its ``rung``), at its first type; a restart the
+          service made inside an attempt counts once more (an attempt restarted twice on rung 1 leads to
+          rung 3); the last rung takes every attempt after it reached there. So after a move back to spot
+          (which is no interruption), a reclaim on that spot rung leads to the rung after it, not to the rung
+          the number of interruptions would name;
+        - an interruption without a rung (a record older than the ladder) moves one rung down from where the
+          walk is.
+        """
         from gpu_provider.capacity.instances import Rung
 
-        index = self.rung_index(interruptions)
-        return Rung(self.rungs[index].capacity, None, rung=index)
+        last = len(self.rungs) - 1
+        index, kind = 0, 0
+        per_attempt: dict[int, int] = {}
+        for i in interruptions:
+            at = i.rung if i.rung is not None and 0 <= i.rung <= last else None
+            types = self.types_for(index if at is None else at, instance_types)
+            if self.instances is not None and types and self.instances.absorbs(i, types):
+                index, kind = index if at is None else at, types.index(str(i.instance_type)) + 1
+                continue
+            per_attempt[i.attempt] = per_attempt.get(i.attempt, 0) + 1
+            index = min((index + 1) if at is None else at + per_attempt[i.attempt], last)
+            kind = 0
+        types = self.types_for(index, instance_types)
+        chosen = types[kind] if self.instances is not None and types else None
+        return Rung(self.rungs[index].capacity, chosen, rung=index)
+
+    def move_target(self, rungs_run: Sequence[int | None]) -> int:
+        """The rung a move back to spot goes to: the spot rung the job was last on in this run (``rungs_run``: the
+        rungs of the run's attempts, oldest first), else the ladder's first spot rung.
+
+        The last spot rung, not the first: the ladder left every spot rung above it because of reclaims or
+        capacity gaps there, and the one it was on last is the place (service, region, instance types) whose spot
+        capacity the move reads, so the readings and the move are about the same place."""
+        for index in reversed(rungs_run):
+            rung = self.rung(index)
+            if rung is not None and rung.capacity == SPOT:
+                return int(index)  # type: ignore[arg-type]
+        return next(k for k, r in enumerate(self.rungs) if r.capacity == SPOT)
+
+    def rung_after_move(self, rungs_run: Sequence[int | None], instance_types: Sequence[str] = ()) -> Rung:
+        """The next attempt after a move back to spot: :meth:`move_target`, at its first type (``instances=``)."""
+        from gpu_provider.capacity.instances import Rung
+
+        index = self.move_target(rungs_run)
+        types = self.types_for(index, instance_types)
+        return Rung(SPOT, types[0] if self.instances is not None and types else None, rung=index)
+
+    def spot_watch(self, record: Any, run: Sequence[Any], instance_types: Sequence[str] = ()) -> dict[str, Any] | None:
+        """What ``record``'s wait reads to move the job back to spot (:meth:`SpotReturn.watch_for`), for the spot
+        rung the move would go to (:meth:`move_target`): that rung's instance types (``ml.`` removed) and, where
+        the rung names them, its AWS connection and region (a ``SpotReturn(regions=...)`` given keeps its regions).
+        ``None``: nothing to read."""
+        if self.spot_return is None:
+            return None
+        target = self.move_target([r.rung for r in run])
+        types = self.types_for(target, instance_types)
+        watch = self.spot_return.watch_for(record, run, types)
+        if watch is None:
+            return None
+        watch["instance_types"] = list(self.spot_return.watched_types(types))
+        options = self.rungs[target].options
+        policy = dict(watch["policy"])
+        if options.get("aws_conn_id"):
+            policy["aws_conn_id"] = options["aws_conn_id"]
+        if not policy.get("regions") and options.get("region_name"):
+            policy["regions"] = [options["region_name"]]
+        watch["policy"], watch["rung"] = policy, target
+        return watch
 
     @property
     def spot_wait_timeout_s(self) -> float | None:
@@ -251,6 +356,8 @@ class Ladder(CapacityPolicy):
         """
         import dataclasses
 
+        from gpu_provider.capacity.instances import validate_instance_fallback
+
         backends = []
         for index, rung in enumerate(self.rungs):
             where = f"capacity.rungs[{index}] ({rung.backend_name}, {rung.capacity})"
@@ -259,6 +366,11 @@ class Ladder(CapacityPolicy):
                 rung_resources = resources
                 if rung.instance_types is not None:
                     rung_resources = dataclasses.replace(resources, instance_types=rung.instance_types)
+                if self.spot_return is not None and rung.capacity == SPOT:  # a move back to spot reads its types
+                    self.spot_return.validate(rung_resources.instance_types)
+                if self.instances is not None:  # an ordered preference, one type per attempt, type by type
+                    validate_instance_fallback(rung_resources.instance_types, backend=backend)
+                    rung_resources = dataclasses.replace(rung_resources, instance_types=())
                 backend.validate(
                     rung_resources,
                     rung.capacity,
@@ -287,11 +399,16 @@ class Ladder(CapacityPolicy):
                 )
 
     def __hash__(self) -> int:
-        return hash((type(self), self.rungs, self.max_interruptions, self._spot_wait_s))
+        return hash(
+            (type(self), self.rungs, self.max_interruptions, self._spot_wait_s, self.instances, self.spot_return)
+        )
 
     def __repr__(self) -> str:
         rungs = ", ".join(map(repr, self.rungs))
+        composed = "".join(
+            f", {k}={v!r}" for k, v in (("instances", self.instances), ("spot_return", self.spot_return)) if v
+        )
         return (
             f"Ladder({rungs}, spot_wait_timeout={self._spot_wait_s!r}, max_interruptions={self.max_interruptions!r}, "
-            f"backoff={self.backoff_s!r}, max_node_faults={self.max_node_faults!r})"
+            f"backoff={self.backoff_s!r}, max_node_faults={self.max_node_faults!r}{composed})"
         )

@@ -54,6 +54,8 @@ class Interruption:
     kind: str  # PREEMPTED | CAPACITY_TIMEOUT | LOST | NODE_FAULT
     instance_type: str | None = None
     """The instance type the policy chose for the attempt (instance fallback), else ``None``."""
+    rung: int | None = None
+    """Under a :class:`~gpu_provider.capacity.Ladder`: the rung the attempt ran on, else ``None``."""
 
 
 class CapacityPolicy(ABC):

@@ -96,10 +96,16 @@ def interruptions_of(records: Sequence[AttemptRecord]) -> list[Interruption]:
         if r.interruption == MOVED_TO_SPOT:
             continue
         chosen = r.instance_choice
-        out += [Interruption(attempt=r.attempt, capacity=r.capacity, kind=PREEMPTED, instance_type=chosen)] * r.restarts
+        out += [
+            Interruption(attempt=r.attempt, capacity=r.capacity, kind=PREEMPTED, instance_type=chosen, rung=r.rung)
+        ] * r.restarts
         stopped_for_restarts = r.restarts > 0 and r.state is JobState.CANCELLED and r.interruption == PREEMPTED
         if r.interruption and not stopped_for_restarts:
-            out.append(Interruption(attempt=r.attempt, capacity=r.capacity, kind=r.interruption, instance_type=chosen))
+            out.append(
+                Interruption(
+                    attempt=r.attempt, capacity=r.capacity, kind=r.interruption, instance_type=chosen, rung=r.rung
+                )
+            )
     return out
 
 
@@ -192,7 +198,8 @@ class AttemptEngine:
         prior = [i for i in self.interruptions() if i.attempt != record.attempt]
         budget = self.policy.max_interruptions
         for restarts in range(1, budget + 2):
-            seen = prior + [Interruption(attempt=record.attempt, capacity=record.capacity, kind=PREEMPTED)] * restarts
+            restart = Interruption(attempt=record.attempt, capacity=record.capacity, kind=PREEMPTED, rung=record.rung)
+            seen = prior + [restart] * restarts
             if len(seen) > budget or self.policy.capacity_after(seen) != record.capacity:
                 return restarts
             if record.rung is not None and self.policy.rung_after(seen).rung != record.rung:  # a ladder moves on
@@ -360,6 +367,11 @@ class AttemptEngine:
         current = self.current
         if current and current[-1].interruption == MOVED_TO_SPOT and current[-1].state.terminal:
             # moved back to spot at a checkpoint: the next attempt runs on spot (the preferred type first)
+            if isinstance(self.policy, Ladder):  # on the spot rung the job was last on (Ladder.move_target)
+                moved = self.policy.rung_after_move([r.rung for r in current], self.instance_types)
+                return Submit(
+                    attempt=attempt, capacity=SPOT, delay=delay, instance_type=moved.instance_type, rung=moved.rung
+                )
             first = self.instance_types[0] if self.policy.instances is not None and self.instance_types else None
             return Submit(attempt=attempt, capacity=SPOT, delay=delay, instance_type=first)
         return Submit(
@@ -377,6 +389,8 @@ class AttemptEngine:
         spot_return = self.policy.spot_return
         if spot_return is None:
             return None
+        if isinstance(self.policy, Ladder):  # the spot rung a move would go to: its types, connection, region
+            return self.policy.spot_watch(record, self.current, instance_types or self.instance_types)
         return spot_return.watch_for(record, self.current, instance_types or self.instance_types)
 
     def after_move(self, record: AttemptRecord) -> Step:
@@ -388,16 +402,23 @@ class AttemptEngine:
         saving = decision.get("saving_usd")
         why = str(decision.get("summary") or "spot capacity returned")
         worth = f"; estimated saving ${saving:.4f}" if isinstance(saving, (int, float)) else ""
+        on = f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity
+        rung = self.policy.rung(step.rung) if isinstance(self.policy, Ladder) else None
+        if rung is not None:  # a capacity ladder: the spot rung the job was last on
+            on = f"{rung.describe()} (ladder rung {step.rung})"
         self.note = (
             f"{describe(self.backend_name, record)} checkpointed and stopped: {why}{worth}. Moving back to spot: "
-            f"resubmitting on {step.capacity} (attempt {step.attempt}, planned move {moves} of at most {limit}; "
+            f"resubmitting on {on} (attempt {step.attempt}, planned move {moves} of at most {limit}; "
             "not an interruption)."
         )
         return step
 
     def capacity_wait(self, record: AttemptRecord) -> float | None:
         """How long ``record``'s attempt may wait for capacity (the policy's, per capacity and instance type)."""
-        return self.policy.capacity_wait_for(record.capacity, record.instance_choice, self.instance_types)
+        types = self.instance_types
+        if isinstance(self.policy, Ladder):  # the types of the attempt's own rung
+            types = self.policy.types_for(record.rung, self.instance_types)
+        return self.policy.capacity_wait_for(record.capacity, record.instance_choice, types)
 
     # --- hooks ---------------------------------------------------------------------------------
     def before_submit(self, step: Submit) -> None:
