@@ -340,3 +340,184 @@ def test_a_rung_in_another_region_submits_watches_and_stops_through_its_own_conn
     assert signers("CreateTrainingJob", second["name"]) == {"WESTKEY"}
     assert signers("DescribeTrainingJob", second["name"]) == {"WESTKEY"}
     assert signers("CreateTrainingJob", first["name"]) == signers("StopTrainingJob", first["name"]) == {"testing"}
+
+
+# ------------------------------------------------------- one policy: instance fallback + ladder + back to spot
+
+SM_TYPES = ("ml.p5.48xlarge", "ml.p4d.24xlarge", "ml.g6e.48xlarge")
+
+
+def test_a_rung_tries_its_instance_types_in_order_then_a_reclaim_moves_to_the_next_rung(
+    harness: Harness, gpu_aws: AwsWorld
+) -> None:
+    """``Ladder(..., instances=InstanceFallback(...))``: the first rung's first two types have no spot capacity, so
+    it runs on its third; SageMaker reclaims that one, and the next rung (on-demand) runs it to the end."""
+    sagemaker = gpu_aws.sagemaker
+    for held in SM_TYPES[:2]:
+        sagemaker.emulator.hold("spot", instance_type=held)
+    sagemaker.emulator.interrupt_after(0.3, name_contains="ladder-types", checkpointed=True)
+    release = harness.tmp / "release"  # the spot attempt holds after its last step: the reclaim always finds it
+
+    def release_once_on_demand() -> None:
+        wait_for(
+            lambda: any(not b.get("EnableManagedSpotTraining") for b in sagemaker.bodies("CreateTrainingJob")),
+            120,
+            "the on-demand attempt",
+        )
+        release.touch()
+
+    releaser = threading.Thread(target=release_once_on_demand, daemon=True)
+    releaser.start()
+    dag_id = "ladder_types"
+    out = harness.tmp / "out"
+    dag = harness.write_dag(
+        dag_id,
+        f"""
+        from gpu_provider import InstanceFallback, Ladder, LadderRung
+        GpuJobOperator(
+            task_id="job",
+            image="trainer:1",
+            command={harness.toy_command(str(out), 10, 0.05, "--hold-until", str(release))},
+            capacity=Ladder(
+                LadderRung("sagemaker", "spot", instance_types={list(SM_TYPES)!r}),
+                LadderRung("sagemaker", "on_demand", instance_types={list(SM_TYPES[2:])!r}),
+                instances=InstanceFallback(capacity_wait=60),
+                spot_wait_timeout=1.5,
+                backoff=0,
+            ),
+            checkpoint="s3://{gpu_aws.checkpoint_bucket}/ladder-types/{uuid.uuid4().hex[:8]}",
+            deferrable=True,
+            poll_interval=0.3,
+        )
+        """,
+    )
+    run = harness.run(dag, dag_id, extra_env=gpu_aws.env(), timeout=240)
+    releaser.join(timeout=10)
+    task = run.task()
+    assert task["state"] == "success", run.log[-6000:]
+    result = task["xcom"]
+    attempts = result["attempts"]
+    assert [(a["rung"], a["capacity"], a["instance_choice"], a["interruption"]) for a in attempts] == [
+        (0, "spot", SM_TYPES[0], "capacity_timeout"),
+        (0, "spot", SM_TYPES[1], "capacity_timeout"),
+        (0, "spot", SM_TYPES[2], "preempted"),
+        (1, "on-demand", SM_TYPES[2], None),
+    ], attempts
+    assert attempts[-1]["state"] == "SUCCEEDED" and result["interruptions"] == 3
+    bodies = sagemaker.bodies("CreateTrainingJob")
+    assert [(b["ResourceConfig"]["InstanceType"], b["EnableManagedSpotTraining"]) for b in bodies] == [
+        (SM_TYPES[0], True),
+        (SM_TYPES[1], True),
+        (SM_TYPES[2], True),
+        (SM_TYPES[2], False),
+    ]
+    assert _step_of(attempts[-1]["resume_from"]) > 0  # the reclaimed type's checkpoint, read on the next rung
+    assert "resubmitting on sagemaker spot (ladder rung 0) (attempt 2" in run.log
+    assert "resubmitting on sagemaker on-demand (ladder rung 1) (attempt 4" in run.log
+
+
+SPOT_TYPE = "p4d.24xlarge"  # 32.7726 USD/h on-demand in us-east-1 (the shipped price table)
+
+
+def test_an_on_demand_rung_moves_back_to_the_batch_spot_rung_when_spot_scores_rise(
+    harness: Harness, gpu_aws: AwsWorld, ec2_spot_emulator: Any
+) -> None:
+    """``Ladder(batch spot, sagemaker on-demand, spot_return=SpotReturn(...))``: the Batch spot attempt is
+    reclaimed, SageMaker on-demand takes over; when the EC2 emulator's spot scores rise, the on-demand attempt
+    checkpoints and stops (a planned move, with its saving), and the job resumes on Batch spot at that very step."""
+    from gpu_provider.testing.worlds import aws_connection_env
+
+    ec2 = ec2_spot_emulator
+    ec2.reset()
+    ec2.set_price("us-east-1", "us-east-1a", SPOT_TYPE, 11.5)
+    batch, sagemaker = gpu_aws.batch, gpu_aws.sagemaker
+    prefix = f"ladder-back/{uuid.uuid4().hex[:8]}"
+    release = harness.tmp / "release"  # every attempt holds after its last step until the job is back on spot
+    steps: dict[str, int] = {}
+
+    def spot_jobs(status: str) -> list[str]:
+        listed = batch.emulator.client("batch").list_jobs(jobQueue=batch.setup.spot_queue, jobStatus=status)
+        return [j["jobId"] for j in listed["jobSummaryList"]]
+
+    def drive() -> None:
+        try:
+            first = wait_for(lambda: (spot_jobs("RUNNING") or [None])[0], 120, "the Batch spot attempt running")
+            wait_for(lambda: _latest_step(gpu_aws, prefix) > 0, 120, "a checkpoint on Batch")
+            batch.emulator.preempt(first)
+            wait_for(lambda: batch.describe(first)["status"] == "FAILED", 60, "the reclaimed Batch job ended")
+            steps["batch"] = _latest_step(gpu_aws, prefix)
+            name = wait_for(
+                lambda: next((b["TrainingJobName"] for b in sagemaker.bodies("CreateTrainingJob")), None),
+                120,
+                "the SageMaker on-demand attempt",
+            )
+            wait_for(lambda: _latest_step(gpu_aws, prefix) > steps["batch"], 120, "a checkpoint on SageMaker")
+            ec2.set_scores({"us-east-1": 9})  # spot returns
+            wait_for(lambda: sagemaker.describe(name)["TrainingJobStatus"] == "Stopped", 120, "the move's stop")
+            wait_for(lambda: [j for j in spot_jobs("RUNNING") if j != first], 120, "the job back on Batch spot")
+        finally:
+            release.touch()
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    dag_id = "ladder_back"
+    out = harness.tmp / "out"
+    spot_return = (
+        f"SpotReturn(check_every=0.5, instance_types=[{SPOT_TYPE!r}], regions=['us-east-1'], aws_conn_id='aws_spot', "
+        "expected_runtime=3600, min_remaining=60, cooldown=0)"
+    )
+    dag = harness.write_dag(
+        dag_id,
+        f"""
+        from gpu_provider import Ladder, LadderRung, SpotReturn
+        GpuJobOperator(
+            task_id="job",
+            image="trainer:1",
+            command={harness.toy_command(str(out), 20, 0.05, "--hold-until", str(release))},
+            capacity=Ladder(
+                LadderRung("batch", "spot"),
+                LadderRung("sagemaker", "on_demand"),
+                spot_return={spot_return},
+                backoff=0,
+            ),
+            checkpoint="s3://{gpu_aws.checkpoint_bucket}/{prefix}",
+            deferrable=True,
+            poll_interval=0.3,
+        )
+        """,
+    )
+    env = aws_connection_env(ec2.endpoint_url, ec2.region, "aws_spot")
+    env.pop("AWS_DEFAULT_REGION", None)  # the world's own region stays
+    try:
+        run = harness.run(dag, dag_id, extra_env={**env, **gpu_aws.env()}, timeout=240)
+    finally:
+        release.touch()
+        driver.join(timeout=10)
+        scores = ec2.requests("GetSpotPlacementScores")
+        ec2.reset()
+    task = run.task()
+    assert task["state"] == "success", run.log[-6000:]
+    result = task["xcom"]
+    attempts = result["attempts"]
+    # three attempts on two services, each on the rung the policy chose: back to rung 0 after the move
+    assert [(a["rung"], a["backend"], a["service"], a["capacity"], a["interruption"]) for a in attempts] == [
+        (0, "batch", "AWS Batch", "spot", "preempted"),
+        (1, "sagemaker", "Amazon SageMaker", "on-demand", "moved_to_spot"),
+        (0, "batch", "AWS Batch", "spot", None),
+    ], attempts
+    assert attempts[-1]["state"] == "SUCCEEDED" and result["backends"] == ["batch", "sagemaker"]
+    assert (result["interruptions"], result["moves_to_spot"]) == (1, 1)  # the move is planned, not counted
+    move = attempts[1]["spot_return"]
+    assert (move["score"], move["spot_usd_per_hour"], move["instance_type"]) == (9, 11.5, SPOT_TYPE), move
+    assert move["saving_usd"] > 0 and result["spot_return_saving_usd"] == move["saving_usd"]
+    # Batch spot resumed at the exact step SageMaker checkpointed when asked to stop
+    moved_at = _step_of(attempts[2]["resume_from"])
+    assert moved_at > steps["batch"] > 0 and _step_of(attempts[1]["resume_from"]) == steps["batch"]
+    history = json.loads((out / "result.json").read_text())["history"]
+    assert [(h["attempt"], h["start"]) for h in history] == [(1, 0), (2, steps["batch"]), (3, moved_at)], history
+    assert [b["jobQueue"] for b in batch.bodies("SubmitJob")] == [batch.setup.spot_queue] * 2
+    assert "Moving back to spot: resubmitting on batch spot (ladder rung 0) (attempt 3, planned move 1" in run.log
+    # the readings: the spot rung's instance type, in its region, only while the attempt ran on on-demand
+    assert scores and {(r["body"]["InstanceType.1"], r["body"]["RegionName.1"]) for r in scores} == {
+        (SPOT_TYPE, "us-east-1")
+    }
