@@ -382,11 +382,11 @@ def test_a_rung_tries_its_instance_types_in_order_then_a_reclaim_moves_to_the_ne
                 LadderRung("sagemaker", "spot", instance_types={list(SM_TYPES)!r}),
                 LadderRung("sagemaker", "on_demand", instance_types={list(SM_TYPES[2:])!r}),
                 instances=InstanceFallback(capacity_wait=60),
-                spot_wait_timeout=1.5,
+                spot_wait_timeout=1.0,
                 backoff=0,
             ),
             checkpoint="s3://{gpu_aws.checkpoint_bucket}/ladder-types/{uuid.uuid4().hex[:8]}",
-            deferrable=True,
+            deferrable=False,
             poll_interval=0.3,
         )
         """,
