@@ -42,9 +42,9 @@ the budget) and spot waits of 10 minutes, as the example pipeline has them: **on
 minutes per type but the last); both again **+ back to spot** (``spot_return=SpotReturn(...)``, its
 defaults, the task's 40 hours as ``expected_runtime``), and once more with ``max_moves=10``; and
 **ladders** across services (``Ladder`` of ``LadderRung``: Batch spot -> SageMaker managed spot ->
-SageMaker or Batch on-demand, and one whose rungs also step through instance types). A ``Ladder`` takes
-neither ``instances=`` nor ``spot_return=``, so instance fallback, a ladder and back-to-spot do not compose
-in one policy: each is measured where it composes.
+SageMaker or Batch on-demand, and one whose rungs also step through instance types); and **instance fallback +
+ladder + back to spot as one policy**: ``Ladder(Batch spot, SageMaker spot, Batch on-demand,
+instances=InstanceFallback(...), spot_return=SpotReturn(...))``, each rung trying p5, p4d, g6e in order.
 
 Usage: ``python benchmarks/capacity_trace.py [--quick] [--seeds N] [--trace-dir DIR] [--trace FILE]``.
 """
@@ -272,6 +272,8 @@ class Attempt:
     work_kept_h: float = 0.0
     choice: str | None = None
     """The instance type the policy chose (instance fallback); ``None``: the task's or the rung's only one."""
+    rung: int | None = None
+    """Under a :class:`Ladder`: the rung the attempt ran on."""
     move: dict[str, Any] | None = None
     """For ``outcome="moved_to_spot"``: the decision of the spot-return watch (its reading and saving)."""
 
@@ -349,7 +351,7 @@ def records_of(attempts: Sequence[Attempt], now_h: float) -> tuple[list[AttemptR
     for a in attempts:
         handle = JobHandle(a.service, f"replay-{a.number}", f"replay-{a.number}", a.number, a.capacity, base)
         record = AttemptRecord.new(handle, try_number=1)
-        record.instance_choice, record.instance_type = a.choice, a.instance_type
+        record.instance_choice, record.instance_type, record.rung = a.choice, a.instance_type, a.rung
         record.started_at = stamp(a.started_h)
         if a.outcome in _STATES:
             record.state, record.ended_at = _STATES[a.outcome], stamp(a.ended_h)
@@ -361,21 +363,21 @@ def records_of(attempts: Sequence[Attempt], now_h: float) -> tuple[list[AttemptR
     return out, base
 
 
-def where(policy: CapacityPolicy, step: Submit, records: Sequence[AttemptRecord], config: Config) -> tuple[str, str]:
-    """The service and instance type of the next attempt: under a :class:`Ladder`, its rung's backend and
-    instance type; else the configuration's service and the policy's choice (or the task's first type)."""
+def where(policy: CapacityPolicy, step: Submit, config: Config) -> tuple[str, str]:
+    """The service and instance type of the next attempt: under a :class:`Ladder`, the backend of the rung the
+    engine chose (``Submit.rung``) and the type its instance fallback chose, else the rung's one type; without a
+    ladder, the configuration's service and the policy's choice (or the task's first type)."""
     if not isinstance(policy, Ladder):
         return config.service, step.instance_type or config.instance_types[0]
-    rung = policy.rung_after(interruptions_of(records), config.instance_types).rung
-    ladder_rung = policy.rung(rung)
-    assert ladder_rung is not None, rung
-    types = ladder_rung.instance_types or config.instance_types
-    if ladder_rung.backend_name not in SERVICES or len(types) != 1:
+    ladder_rung = policy.rung(step.rung)
+    assert ladder_rung is not None, step.rung
+    types = policy.types_for(step.rung, config.instance_types)
+    if ladder_rung.backend_name not in SERVICES or (step.instance_type is None and len(types) != 1):
         raise ValueError(
-            f"{config.name}: ladder rung {rung} ({ladder_rung.backend_name}, {list(types)}): the replay plays rungs "
-            f"on {', '.join(SERVICES)} with one instance type each"
+            f"{config.name}: ladder rung {step.rung} ({ladder_rung.backend_name}, {list(types)}): the replay plays "
+            f"rungs on {', '.join(SERVICES)} with one instance type each, or several under instances="
         )
-    return ladder_rung.backend_name, types[0].removeprefix("ml.")
+    return ladder_rung.backend_name, (step.instance_type or types[0]).removeprefix("ml.")
 
 
 class TraceEc2:
@@ -420,9 +422,10 @@ def moved_at(
     until_h: float,
 ) -> tuple[float, dict[str, Any]] | None:
     """When the running on-demand attempt (the last of ``attempts``) is moved back to spot before ``until_h``, and
-    the decision; ``None``: never. Each ``check_every`` the policy's own watch (``SpotReturn.watch_for``,
-    ``SpotReturnWatch.check``) reads the trace's EC2 and decides; the first reading comes ``check_every`` after the
-    attempt's submission, as the wait's does."""
+    the decision; ``None``: never. Each ``check_every`` the policy's own watch (``AttemptEngine.spot_return_watch``:
+    ``SpotReturn.watch_for``, under a ladder ``Ladder.spot_watch`` for the spot rung a move goes to;
+    ``SpotReturnWatch.check``) reads the trace's EC2 (of that rung's service) and decides; the first reading comes
+    ``check_every`` after the attempt's submission, as the wait's does."""
     spot_return = policy.spot_return
     attempt = attempts[-1]
     if spot_return is None or attempt.capacity != ON_DEMAND or attempt.started_h is None:
@@ -432,15 +435,18 @@ def moved_at(
     on_demand = {t: pools[pool_key(attempt.service, ON_DEMAND, t)].usd_per_hour for t in INSTANCE_TYPES}
     while check < until_h:
         records, base = records_of(attempts, check)
-        watch = spot_return.watch_for(records[-1], records, types)
+        engine = AttemptEngine(policy, records, try_number=1, backend_name=attempt.service, instance_types=types)
+        watch = engine.spot_return_watch(records[-1])
         if watch is None:  # nothing to watch: max_moves spent
             return None
+        target = policy.rung(watch.get("rung")) if isinstance(policy, Ladder) else None
+        spot_service = target.backend_name if target is not None else attempt.service
         # the watch's EC2 clients, built from the AWS connection on a deployment: here, the trace's
         reader = SpotReturnWatch(
             watch,
             on_demand_price=lambda t, _region: on_demand[t],
             clock=lambda: 0.0,
-            clients=lambda _region, now=check: TraceEc2(pools, attempt.service, now),
+            clients=lambda _region, now=check, service=spot_service: TraceEc2(pools, service, now),
         )
         decision = reader.check(JobStatus(state=JobState.RUNNING, started_at=base + attempt.started_h * 3600.0))
         if decision is not None:
@@ -470,9 +476,10 @@ def replay(trace: Mapping[str, Any], config: Config, task: Task | None = None, *
         step = AttemptEngine(
             policy, records, try_number=1, backend_name=config.service, instance_types=types
         ).next_submit()
-        service, itype = where(policy, step, records, config)
+        service, itype = where(policy, step, config)
         pool = pools[pool_key(service, step.capacity, itype)]
-        wait_s = policy.capacity_wait_for(step.capacity, step.instance_type, types)
+        rung_types = policy.types_for(step.rung, types) if isinstance(policy, Ladder) else types
+        wait_s = policy.capacity_wait_for(step.capacity, step.instance_type, rung_types)
         deadline = t + wait_s / 3600.0 if wait_s is not None else math.inf
         attempt = Attempt(
             len(attempts) + 1,
@@ -484,6 +491,7 @@ def replay(trace: Mapping[str, Any], config: Config, task: Task | None = None, *
             "",
             usd_per_hour=pool.usd_per_hour,
             choice=step.instance_type,
+            rung=step.rung,
         )
         attempts.append(attempt)
         start = pool.next_available(t)
@@ -551,6 +559,22 @@ def _ladder(*rungs: tuple[str, str, str]) -> Callable[[], CapacityPolicy]:
     return make
 
 
+def _composed(**spot_return: Any) -> CapacityPolicy:
+    """Instance fallback, a ladder and back to spot as one policy: Batch spot -> SageMaker managed spot -> Batch
+    on-demand, each rung trying p5, p4d, g6e in order (on-demand waiting 15 minutes per type but the last); an
+    on-demand attempt moves back to the spot rung the job was last on when spot returns there."""
+    typed = ("ml." + t for t in INSTANCE_TYPES)
+    return Ladder(
+        LadderRung("batch", SPOT, instance_types=INSTANCE_TYPES),
+        LadderRung("sagemaker", SPOT, instance_types=tuple(typed)),
+        LadderRung("batch", ON_DEMAND, instance_types=INSTANCE_TYPES),
+        spot_wait_timeout=SPOT_WAIT,
+        max_interruptions=MAX_INTERRUPTIONS,
+        instances=InstanceFallback(capacity_wait=CAPACITY_WAIT),
+        spot_return=_spot_return(**spot_return),
+    )
+
+
 def _spot_return(**options: Any) -> SpotReturn:
     """Back to spot, with SpotReturn's defaults (30 % saving, score 7, a reading every 10 minutes, 2 moves, an
     hour's cooldown after a reclaim, 30 minutes of work left) and the task's expected runtime; read in us-east-1."""
@@ -613,6 +637,11 @@ CONFIGS: tuple[Config, ...] = (
     Config(
         "ladder by type: Batch spot p5, p4d, SageMaker spot p5, Batch on-demand p5",
         _ladder(("batch", SPOT, P5), ("batch", SPOT, P4D), ("sagemaker", SPOT, P5), ("batch", ON_DEMAND, P5)),
+    ),
+    Config(
+        "one policy: instance fallback + ladder + back to spot",
+        lambda: _composed(),
+        instance_types=INSTANCE_TYPES,
     ),
 )
 

@@ -41,6 +41,7 @@ from gpu_provider.spend.prices import EC2, SAGEMAKER, PriceBook
     LADDER_SM,
     LADDER_BATCH,
     LADDER_TYPES,
+    COMPOSED,
 ) = CONFIGS
 P5, P4D, G6E = INSTANCE_TYPES
 
@@ -248,6 +249,42 @@ def test_a_ladder_rung_the_replay_cannot_play_is_named() -> None:
     )
     with pytest.raises(ValueError, match=r"two types: ladder rung 0 \(batch, \['p5.48xlarge', 'p4d.24xlarge'\]\)"):
         replay(quiet_trace(), two_types)
+
+
+def test_instance_fallback_ladder_and_back_to_spot_replay_as_one_policy() -> None:
+    """The composed policy, one object: a capacity gap on Batch spot p5 moves to p4d on the same rung; a reclaim
+    there to the next rung (SageMaker spot, p5 first); a reclaim there to Batch on-demand; spot returning on
+    SageMaker moves the job back to that rung (the spot rung it was last on), and a reclaim after the move sends it
+    to the rung after it again, until max_moves is spent."""
+    policy = COMPOSED.policy()
+    assert isinstance(policy, Ladder) and policy.instances is not None and policy.spot_return is not None
+    trace = quiet_trace(
+        **{
+            pool_key("batch", SPOT, P5): {"unavailable": [[0.0, HOURS]]},
+            pool_key("batch", SPOT, P4D): {"reclaims": [3.0]},
+            pool_key("sagemaker", SPOT, P5): {"reclaims": [10.0, 14.0], "unavailable": [[5.0, 5.5]]},
+        }
+    )
+    o = replay(trace, COMPOSED)
+    assert [(a.service, a.capacity, a.instance_type, a.rung, a.outcome) for a in o.attempts] == [
+        ("batch", SPOT, P5, 0, CAPACITY_TIMEOUT),  # no spot p5: the next type on the same rung
+        ("batch", SPOT, P4D, 0, PREEMPTED),  # reclaimed: the next rung
+        ("sagemaker", SPOT, P5, 1, PREEMPTED),  # the start of a SageMaker spot gap: the next rung
+        ("batch", ON_DEMAND, P5, 2, MOVED_TO_SPOT),  # an hour's cooldown, then back to rung 1
+        ("sagemaker", SPOT, P5, 1, PREEMPTED),  # reclaimed after the move: the rung after it
+        ("batch", ON_DEMAND, P5, 2, MOVED_TO_SPOT),
+        ("sagemaker", SPOT, P5, 1, PREEMPTED),
+        ("batch", ON_DEMAND, P5, 2, "succeeded"),  # max_moves=2 spent: it stays on on-demand
+    ]
+    assert (o.reclaims, o.moves, o.finished) == (4, 2, True)
+    prices = {k: d["usd_per_hour"] for k, d in trace["pools"].items()}
+    first_move = o.attempts[3].move
+    assert first_move is not None and first_move["instance_type"] == P5
+    # read where the move goes (SageMaker spot), priced against the attempt's own on-demand (Batch)
+    assert first_move["spot_usd_per_hour"] == pytest.approx(prices[pool_key("sagemaker", SPOT, P5)])
+    assert first_move["on_demand_usd_per_hour"] == pytest.approx(prices[pool_key("batch", ON_DEMAND, P5)])
+    assert 6.0 - 1e-9 <= o.attempts[3].ended_h < 6.0 + 10 / 60  # the cooldown after the reclaim at hour 5
+    assert sum(a.work_kept_h for a in o.attempts) == pytest.approx(Task().work_h)
 
 
 def test_back_to_spot_moves_the_on_demand_attempt_at_the_first_reading_after_spot_returns() -> None:
