@@ -44,7 +44,8 @@ defaults, the task's 40 hours as ``expected_runtime``), and once more with ``max
 **ladders** across services (``Ladder`` of ``LadderRung``: Batch spot -> SageMaker managed spot ->
 SageMaker or Batch on-demand, and one whose rungs also step through instance types); and **instance fallback +
 ladder + back to spot as one policy**: ``Ladder(Batch spot, SageMaker spot, Batch on-demand,
-instances=InstanceFallback(...), spot_return=SpotReturn(...))``, each rung trying p5, p4d, g6e in order.
+instances=InstanceFallback(...), spot_return=SpotReturn(...))``, each rung trying p5, p4d, g6e in order (and the
+same ladder on p5 alone with back to spot, to tell the pieces' shares apart).
 
 Usage: ``python benchmarks/capacity_trace.py [--quick] [--seeds N] [--trace-dir DIR] [--trace FILE]``.
 """
@@ -549,12 +550,13 @@ SPOT_WAIT = timedelta(minutes=10)
 CAPACITY_WAIT = timedelta(minutes=15)
 
 
-def _ladder(*rungs: tuple[str, str, str]) -> Callable[[], CapacityPolicy]:
-    """A :class:`Ladder` of ``(backend, capacity, EC2 instance type)`` rungs (SageMaker's named with ``ml.``)."""
+def _ladder(*rungs: tuple[str, str, str], **options: Any) -> Callable[[], CapacityPolicy]:
+    """A :class:`Ladder` of ``(backend, capacity, EC2 instance type)`` rungs (SageMaker's named with ``ml.``);
+    ``options``: more of the ladder's (``spot_return=``)."""
 
     def make() -> CapacityPolicy:
         steps = [LadderRung(b, c, instance_types=[("ml." if b == "sagemaker" else "") + t]) for b, c, t in rungs]
-        return Ladder(*steps, spot_wait_timeout=SPOT_WAIT, max_interruptions=MAX_INTERRUPTIONS)
+        return Ladder(*steps, spot_wait_timeout=SPOT_WAIT, max_interruptions=MAX_INTERRUPTIONS, **options)
 
     return make
 
@@ -637,6 +639,12 @@ CONFIGS: tuple[Config, ...] = (
     Config(
         "ladder by type: Batch spot p5, p4d, SageMaker spot p5, Batch on-demand p5",
         _ladder(("batch", SPOT, P5), ("batch", SPOT, P4D), ("sagemaker", SPOT, P5), ("batch", ON_DEMAND, P5)),
+    ),
+    Config(
+        "ladder + back to spot: Batch spot, SageMaker spot, Batch on-demand, p5 only",
+        lambda: _ladder(
+            ("batch", SPOT, P5), ("sagemaker", SPOT, P5), ("batch", ON_DEMAND, P5), spot_return=_spot_return()
+        )(),
     ),
     Config(
         "one policy: instance fallback + ladder + back to spot",

@@ -41,6 +41,7 @@ from gpu_provider.spend.prices import EC2, SAGEMAKER, PriceBook
     LADDER_SM,
     LADDER_BATCH,
     LADDER_TYPES,
+    LADDER_BACK_TO_SPOT,
     COMPOSED,
 ) = CONFIGS
 P5, P4D, G6E = INSTANCE_TYPES
@@ -285,6 +286,12 @@ def test_instance_fallback_ladder_and_back_to_spot_replay_as_one_policy() -> Non
     assert first_move["on_demand_usd_per_hour"] == pytest.approx(prices[pool_key("batch", ON_DEMAND, P5)])
     assert 6.0 - 1e-9 <= o.attempts[3].ended_h < 6.0 + 10 / 60  # the cooldown after the reclaim at hour 5
     assert sum(a.work_kept_h for a in o.attempts) == pytest.approx(Task().work_h)
+    # the same ladder on p5 alone: the capacity gap on Batch spot moves to the next rung at once
+    alone = replay(trace, LADDER_BACK_TO_SPOT).attempts
+    assert [(a.service, a.capacity, a.rung, a.outcome) for a in alone[:2]] == [
+        ("batch", SPOT, 0, CAPACITY_TIMEOUT),
+        ("sagemaker", SPOT, 1, PREEMPTED),
+    ]
 
 
 def test_back_to_spot_moves_the_on_demand_attempt_at_the_first_reading_after_spot_returns() -> None:
