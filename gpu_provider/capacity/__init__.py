@@ -5,9 +5,10 @@
 - :mod:`~gpu_provider.capacity.instances`: which instance type, from an ordered preference
   (:class:`InstanceFallback`, composed into a policy with ``instances=``);
 - :mod:`~gpu_provider.capacity.spot_return`: back to spot when spot returns (:class:`SpotReturn`, composed
-  into ``SpotFallback`` with ``spot_return=``): a planned move of an on-demand attempt at a checkpoint.
+  into ``SpotFallback`` or a ``Ladder`` with ``spot_return=``): a planned move of an on-demand attempt at a
+  checkpoint.
 - :mod:`~gpu_provider.capacity.ladder`: rungs on several backends or regions, one checkpoint for all
-  (:class:`Ladder` of :class:`LadderRung`).
+  (:class:`Ladder` of :class:`LadderRung`); composed with ``instances=`` and ``spot_return=`` too.
 
 The engine (:mod:`gpu_provider.engine.attempts`) asks the policy for the next :class:`Rung`; a backend
 only answers whether it can run a rung (``Backend.validate``, ``Backend.validate_instance_fallback``)

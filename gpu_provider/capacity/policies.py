@@ -80,7 +80,7 @@ class CapacityPolicy(ABC):
     """
 
     name = "policy"
-    #: back to spot when spot returns (:class:`~gpu_provider.SpotReturn`; ``SpotFallback(spot_return=...)``)
+    #: back to spot when spot returns (:class:`~gpu_provider.SpotReturn`; ``SpotFallback`` or ``Ladder``)
     spot_return: SpotReturn | None = None
 
     def __init__(

@@ -1,7 +1,8 @@
 """Back to spot when spot returns: end an on-demand attempt at a checkpoint and continue on spot.
 
-An opt-in piece of a capacity policy (``SpotFallback(spot_return=SpotReturn(...))``). While an attempt
-runs on on-demand capacity, every ``check_every`` the wait (the worker's, or the trigger's) reads EC2's
+An opt-in piece of a capacity policy (``SpotFallback(spot_return=SpotReturn(...))``, or a ``Ladder``'s, which
+reads and moves to the spot rung the job was last on: :meth:`~gpu_provider.capacity.Ladder.spot_watch`). While
+an attempt runs on on-demand capacity, every ``check_every`` the wait (the worker's, or the trigger's) reads EC2's
 spot signals for the attempt's instance types, the same reads ``SpotCapacitySensor`` makes: the spot
 placement score (``GetSpotPlacementScores``) and the spot price in effect now
 (``DescribeSpotPriceHistory``). When

@@ -1,6 +1,7 @@
-"""Back to spot when spot returns (``SpotFallback(spot_return=SpotReturn(...))``), the sync wait's side: what
-the wait reads, and the planned stop of an on-demand attempt at a checkpoint (see
-:mod:`gpu_provider.capacity.spot_return` for the policy, the trigger for the deferred wait's readings)."""
+"""Back to spot when spot returns (``SpotFallback(spot_return=SpotReturn(...))``, or a ``Ladder``'s), the sync
+wait's side: what the wait reads (under a ladder, spot of the rung a move goes to: ``Ladder.spot_watch``), and the
+planned stop of an on-demand attempt at a checkpoint (see :mod:`gpu_provider.capacity.spot_return` for the policy,
+the trigger for the deferred wait's readings)."""
 
 from __future__ import annotations
 
