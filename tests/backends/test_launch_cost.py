@@ -110,6 +110,65 @@ def test_a_changed_connection_gets_its_own_client(monkeypatch: pytest.MonkeyPatc
     assert calls.Clients("aws_default", None).get("batch") is not after
 
 
+def _fresh_connection(monkeypatch: pytest.MonkeyPatch, endpoint: str, **extra: Any) -> None:
+    """``aws_default`` at ``endpoint`` (a port nothing listens on: no request is sent), dummy keys."""
+    fields = {"endpoint_url": endpoint, "region_name": "us-east-1", **extra}
+    monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", json.dumps({"conn_type": "aws", "extra": fields}))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+
+
+def test_a_client_says_it_comes_from_this_provider_without_walking_the_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    import inspect
+
+    from gpu_provider import __version__
+
+    # the amazon hook finds its caller with inspect.stack(), 50-300 ms on a task's first client
+    def walked(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("inspect.stack() was called while building a client")
+
+    _fresh_connection(monkeypatch, "http://127.0.0.1:3", config_kwargs={"user_agent_extra": "team/vision"})
+    monkeypatch.setattr(inspect, "stack", walked)
+    clients = calls.Clients("aws_default", None, main_service="sagemaker")
+    for client in (clients.get("sagemaker"), clients.get("sagemaker", automatic_retries=False)):
+        agent = client.meta.config.user_agent_extra
+        assert agent.startswith(f"airflow-provider-gpu/{__version__} Airflow/"), agent
+        assert agent.endswith(" team/vision"), agent  # the connection's own part is kept
+    # the client built beside a busy shared lock (a signal handler's) does not walk the stack either
+    from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+    lone = calls.Clients._new_client(AwsBaseHook("aws_default", client_type="batch"), automatic_retries=True)
+    assert lone.meta.config.user_agent_extra.startswith("airflow-provider-gpu/")
+
+
+def test_the_garbage_collector_is_paused_while_a_client_parses_its_service_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import gc
+
+    from botocore.client import ClientCreator
+
+    seen: list[bool] = []
+    create = ClientCreator.create_client
+
+    def observed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(gc.isenabled())
+        return create(self, *args, **kwargs)
+
+    monkeypatch.setattr(ClientCreator, "create_client", observed)
+    _fresh_connection(monkeypatch, "http://127.0.0.1:4")
+    assert gc.isenabled()
+    calls.Clients("aws_default", None).get("batch")
+    assert seen == [False] and gc.isenabled()  # paused for the parse, on again after
+    gc.disable()  # a process that turned it off keeps it off
+    try:
+        _fresh_connection(monkeypatch, "http://127.0.0.1:5")
+        calls.Clients("aws_default", None).get("batch")
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_the_local_supervisor_starts_without_site_or_the_runtime_package() -> None:
     code = (
         "import json, sys\nimport gpu_provider.backends.local.supervisor\n"
