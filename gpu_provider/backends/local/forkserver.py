@@ -284,6 +284,7 @@ class Server:
             os.unlink(f"{self.name}.sock", dir_fd=self.folder_fd)  # a dead server's: the lock was free
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(socket_address(self.folder, self.name, self.folder_fd))
+        os.chmod(f"{self.name}.sock", 0o600, dir_fd=self.folder_fd)
         self.listener.listen(64)
         self.sock_ino = os.stat(f"{self.name}.sock", dir_fd=self.folder_fd, follow_symlinks=False).st_ino
         me = os.getpid()
@@ -404,7 +405,7 @@ class Server:
         except BaseException:
             return 0  # the worker did not hand over the job's environment: start nothing
         conn.close()
-        from gpu_provider.backends.local.supervisor import run_job
+        from gpu_provider.backends.local.supervisor import run_job  # imported already by preload()
 
         return run_job(job_dir, lambda: secrets)
 
@@ -472,6 +473,11 @@ def _reap() -> None:
             return
 
 
+def preload() -> None:
+    """Import what a supervisor runs, once, in the server: its forked children start with it imported."""
+    import gpu_provider.backends.local.supervisor  # noqa: F401
+
+
 def main() -> int:
     """``python -S -m gpu_provider.backends.local.forkserver``; its settings arrive on stdin as JSON
     (``{"folder", "name", "hash", "idle_s"}``), so its command line names nothing."""
@@ -480,6 +486,7 @@ def main() -> int:
     os.dup2(devnull, 0)
     os.close(devnull)
     folder, name = Path(settings["folder"]), str(settings["name"])
+    preload()
     code_hash = source_hash()
     if code_hash != settings.get("hash") or server_name(code_hash) != name:
         print(f"fork server {name}: the source changed since it was asked for; not serving", flush=True)

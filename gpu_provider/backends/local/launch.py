@@ -175,7 +175,7 @@ def _spawn_supervisor(
 
 # Fork servers this process started (reaped like the supervisors), and when it last tried to start each name.
 _servers: list[subprocess.Popen[bytes]] = []
-_server_tries: dict[str, float] = {}
+_server_tries: dict[tuple[str, str], float] = {}
 #: a name whose server did not come up is not started again for this long by this process
 _SERVER_RETRY_S = 30.0
 
@@ -228,12 +228,13 @@ def _start_server(folder: Path, name: str, code_hash: str, idle_s: float) -> Non
     """Start the fork server ``name`` detached (its own session); its settings go over its stdin."""
     now = time.monotonic()
     with _children_lock:
-        if now - _server_tries.get(name, -_SERVER_RETRY_S) < _SERVER_RETRY_S:
+        if now - _server_tries.get((str(folder), name), -_SERVER_RETRY_S) < _SERVER_RETRY_S:
             return
-        _server_tries[name] = now
+        _server_tries[str(folder), name] = now
     settings = {"folder": str(folder), "name": name, "hash": code_hash, "idle_s": idle_s}
     try:
-        with open(folder / f"{name}.log", "ab") as server_log:
+        log_fd = os.open(folder / f"{name}.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with open(log_fd, "ab") as server_log:
             proc = subprocess.Popen(
                 [sys.executable, *SUPERVISOR_FLAGS, "-m", forkserver.SERVER_MODULE],
                 cwd=folder,
