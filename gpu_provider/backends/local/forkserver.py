@@ -13,9 +13,9 @@ Where it lives, and why it is safe to use:
 
 * ``<state_dir>/forkserver/`` (0700, the worker's user only) holds ``<name>.sock``, ``<name>.lock``
   (flocked for the server's life: one server per name), ``<name>.json`` (its pid and start time, no
-  secret) and ``<name>.log``. ``<name>`` is keyed by the uid, the interpreter and a hash of the source
-  of every module the server has imported (:data:`SERVED_MODULES`): an upgraded provider or another
-  interpreter never reaches an old server; the server refuses a request naming another hash too.
+  secret) and ``<name>.log``. ``<name>`` is keyed by the uid, the interpreter, the host and a hash of the
+  source of every module the server has imported (:data:`SERVED_MODULES`): an upgraded provider or
+  another interpreter never reaches an old server; the server refuses a request naming another hash too.
 * Both ends check the other's uid (``SO_PEERCRED``).
 * The job's environment values never reach the server: the forked child gets them from the worker
   over the connection, after the worker has recorded the child's pid. A child that does not receive
@@ -117,8 +117,9 @@ def source_hash(root: Path | None = None) -> str:
 
 
 def server_name(code_hash: str, *, uid: int | None = None, executable: str | None = None) -> str:
-    """``fs-<uid>-<16 hex>``: one server per user, interpreter and source of the served modules."""
-    key = f"{executable or sys.executable}\0{code_hash}".encode()
+    """``fs-<uid>-<16 hex>``: one server per user, interpreter, source of the served modules and host (a
+    state directory shared by several machines holds one server per machine)."""
+    key = f"{executable or sys.executable}\0{code_hash}\0{socket.gethostname()}".encode()
     return f"fs-{os.geteuid() if uid is None else uid}-{hashlib.sha256(key).hexdigest()[:16]}"
 
 
