@@ -439,7 +439,8 @@ def _become_supervisor(job_dir: Path, request: Mapping[str, Any], *, keep_fd: in
         elif sig == signal.SIGINT and sig not in ignored:
             handler = signal.default_int_handler
         with contextlib.suppress(OSError, ValueError, RuntimeError):
-            signal.signal(sig, handler)
+            if signal.getsignal(sig) != handler:  # most are at their default already: no system call
+                signal.signal(sig, handler)
     os.umask(int(request["umask"]))
     for key, (soft, hard) in (request.get("rlimits") or {}).items():
         if resource.getrlimit(int(key)) != (soft, hard):
