@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -131,13 +131,17 @@ def start_supervisor(job_dir: Path, secrets_payload: Mapping[str, Any], *, state
     A failure after the process started kills it (its whole session) before raising.
     """
     env = supervisor_env()
+    start_server: Callable[[], None] | None = None
     if state_dir is not None:
         enabled, idle_s = fork_server_settings()
         if enabled:
-            pid = _via_fork_server(state_dir, job_dir, env, secrets_payload, idle_s)
+            pid, start_server = _via_fork_server(state_dir, job_dir, env, secrets_payload, idle_s)
             if pid is not None:
                 return pid
-    return _spawn_supervisor(job_dir, env, secrets_payload).pid
+    proc = _spawn_supervisor(job_dir, env, secrets_payload)
+    if start_server is not None:
+        start_server()  # after this job's supervisor: starting the server does not delay this launch
+    return proc.pid
 
 
 def _spawn_supervisor(
@@ -189,16 +193,16 @@ def fork_server_settings() -> tuple[bool, float]:
 
 def _via_fork_server(
     state_dir: Path, job_dir: Path, env: Mapping[str, str], secrets_payload: Mapping[str, Any], idle_s: float
-) -> int | None:
+) -> tuple[int | None, Callable[[], None] | None]:
     """The supervisor's pid, forked by the fork server; ``None`` when it started nothing (then the caller
-    spawns the supervisor). A missing or dead server is started for the next launches."""
+    spawns the supervisor). With it, when no server runs there: what starts one for the next launches."""
     try:
         code_hash = forkserver.source_hash()
         name = forkserver.server_name(code_hash)
         folder_fd = forkserver.open_folder(state_dir)
     except OSError as err:
         log.debug("local fork server not used: %s", err)
-        return None
+        return None, None
     folder = state_dir / forkserver.FOLDER
     try:
         address = forkserver.socket_address(folder, name, folder_fd)
@@ -207,7 +211,7 @@ def _via_fork_server(
             common.overwrite_in_place(job_dir / common.SUPERVISOR_FILE, {"pid": pid, "pid_start": pid_start})
 
         try:
-            return forkserver.request_start(
+            pid = forkserver.request_start(
                 address,
                 code_hash=code_hash,
                 job_dir=job_dir,
@@ -215,11 +219,12 @@ def _via_fork_server(
                 on_pid=record,
                 secrets_payload=secrets_payload,
             )
+            return pid, None
         except forkserver.Refused as err:
             log.debug("local fork server: %s; spawning the supervisor", err)
             if err.absent:
-                _start_server(folder, name, code_hash, idle_s)
-            return None
+                return None, lambda: _start_server(folder, name, code_hash, idle_s)
+            return None, None
     finally:
         os.close(folder_fd)
 
