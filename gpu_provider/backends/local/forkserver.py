@@ -66,6 +66,8 @@ FOLDER = "forkserver"
 _MAX_FRAME = 64 * 1024 * 1024
 #: how long either end waits for the other within one request
 IO_TIMEOUT_S = 5.0
+#: how long a forked child waits for the job's environment after sending its pid (then it starts nothing)
+_SECRETS_TIMEOUT_S = 60.0
 #: how often the server looks at its socket file and its idle time
 _TICK_S = 1.0
 #: resource limits a job's supervisor inherits from the worker, set in the forked child the same
@@ -402,6 +404,8 @@ class Server:
             return 1
         try:
             _send(conn, {"pid": me, "pid_start": common.process_start_time(me)})
+            # the worker records this pid first; a worker that dies closes the connection (EOF at once)
+            conn.settimeout(_SECRETS_TIMEOUT_S)
             secrets = _recv(conn)
         except BaseException:
             return 0  # the worker did not hand over the job's environment: start nothing
