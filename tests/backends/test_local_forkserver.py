@@ -107,6 +107,7 @@ PROBE = textwrap.dedent(
         "stdin": os.readlink("/proc/self/fd/0"),
         "sup": {
             "pid": sup,
+            "ppid": int(open(f"/proc/{sup}/stat").read().rsplit(")", 1)[1].split()[1]),
             "status": status(sup),
             "limits": open(f"/proc/{sup}/limits").read(),
             "cwd": os.readlink(f"/proc/{sup}/cwd"),
@@ -282,7 +283,7 @@ def test_a_forked_job_is_cancelled_like_a_spawned_one(served: tuple[Served, Loca
     server_pid = server.start()
     handle = local.submit(probe(local.tmp / "out.json", local.tmp / "never"))
     seen = read_probe(local.tmp / "out.json")
-    assert ppid(seen["sup"]["pid"]) == server_pid
+    assert seen["sup"]["ppid"] == server_pid
     node = local.node_pids(handle)[0]
     local.backend.cancel(handle, "test cancel")
     status = local.wait(handle)
@@ -310,7 +311,7 @@ def test_a_server_of_other_code_is_not_used(served: tuple[Served, Local], monkey
     monkeypatch.setattr(forkserver, "source_hash", lambda root=None: "1" * 64)
     handle = local.submit(probe(local.tmp / "out.json"))
     seen = read_probe(local.tmp / "out.json")
-    assert ppid(seen["sup"]["pid"]) == os.getpid()  # spawned by this process
+    assert seen["sup"]["ppid"] == os.getpid()  # spawned by this process
     assert local.wait(handle).state is JobState.SUCCEEDED
     children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
     assert children == []
@@ -356,10 +357,10 @@ def test_a_stale_socket_falls_back_to_spawning_and_a_server_takes_its_place(serv
     dead.bind(server.address)  # a dead server's socket file: nobody listens
     dead.close()
     first = local.submit(probe(local.tmp / "first.json"), task=task("first"))
-    assert ppid(read_probe(local.tmp / "first.json")["sup"]["pid"]) == os.getpid()
+    assert read_probe(local.tmp / "first.json")["sup"]["ppid"] == os.getpid()
     server_pid = server.wait_ready()  # the launch started a server for the next ones
     second = local.submit(probe(local.tmp / "second.json"), task=task("second"))
-    assert ppid(read_probe(local.tmp / "second.json")["sup"]["pid"]) == server_pid
+    assert read_probe(local.tmp / "second.json")["sup"]["ppid"] == server_pid
     assert local.wait(first).state is JobState.SUCCEEDED and local.wait(second).state is JobState.SUCCEEDED
 
 
@@ -427,7 +428,7 @@ def test_the_fork_server_can_be_turned_off(served: tuple[Served, Local], monkeyp
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER", "false")
     for name in ("a", "b"):
         handle = local.submit(probe(local.tmp / f"{name}.json"), task=task(name))
-        assert ppid(read_probe(local.tmp / f"{name}.json")["sup"]["pid"]) == os.getpid()
+        assert read_probe(local.tmp / f"{name}.json")["sup"]["ppid"] == os.getpid()
         assert local.wait(handle).state is JobState.SUCCEEDED
     assert not server.folder.exists()
     monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER", "maybe")
@@ -444,13 +445,16 @@ def test_the_server_exits_when_idle_or_when_its_socket_is_gone(tmp_path: Path) -
     try:
         pid = idle.start()
         wait_for("the idle server gone", lambda: not running(pid))
-        assert not Path(idle.address).exists()
+        assert not (idle.folder / f"{idle.name}.sock").exists()
+        assert "exits: idle for" in (idle.folder / f"{idle.name}.log").read_text()
     finally:
         idle.stop()
     gone = Served(tmp_path / "gone")
     try:
         pid = gone.start()
-        shutil.rmtree(gone.state_dir)  # the state directory deleted
-        wait_for("the server of a deleted folder gone", lambda: not running(pid))
+        (gone.folder / f"{gone.name}.sock").unlink()  # its socket deleted (as with its state directory)
+        wait_for("the server without a socket gone", lambda: not running(pid))
+        assert "exits: its socket is gone" in (gone.folder / f"{gone.name}.log").read_text()
+        assert not (gone.folder / f"{gone.name}.json").exists()
     finally:
         gone.stop()

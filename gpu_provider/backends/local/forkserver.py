@@ -263,6 +263,7 @@ class Server:
         self.code_hash = code_hash
         self.idle_s = idle_s
         self.stop = False
+        self.why = ""
         self.listener: socket.socket | None = None
         self.folder_fd = -1
         self.lock_fd = -1
@@ -305,6 +306,7 @@ class Server:
 
     def _on_stop(self, signum: int, frame: Any) -> None:
         self.stop = True
+        self.why = f"signal {signum}"
 
     def serve(self) -> None:
         assert self.listener is not None
@@ -320,7 +322,11 @@ class Server:
             while True:
                 _reap()
                 idle = time.monotonic() - last
-                if self.stop or idle >= self.idle_s or not self.socket_is_mine():
+                if idle >= self.idle_s:
+                    self.why = self.why or f"idle for {idle:.0f}s"
+                elif not self.socket_is_mine():
+                    self.why = self.why or "its socket is gone"
+                if self.stop or self.why:
                     return
                 listen_fd = self.listener.fileno()
                 ready, _, _ = select.select([listen_fd, self.wake_r], [], [], min(_TICK_S, self.idle_s - idle))
@@ -343,6 +349,7 @@ class Server:
             if self.socket_is_mine():
                 with contextlib.suppress(OSError):
                     os.unlink(f"{self.name}.sock", dir_fd=self.folder_fd)
+            if (common.read_json(self.folder / f"{self.name}.json") or {}).get("pid") == os.getpid():
                 with contextlib.suppress(OSError):
                     os.unlink(f"{self.name}.json", dir_fd=self.folder_fd)
             self.listener.close()
@@ -502,7 +509,7 @@ def main() -> int:
         return 0  # another server holds the name
     print(f"fork server {name} (pid {os.getpid()}) serving; idle exit after {server.idle_s:g}s", flush=True)
     server.serve()
-    print(f"fork server {name} (pid {os.getpid()}) exits", flush=True)
+    print(f"fork server {name} (pid {os.getpid()}) exits: {server.why}", flush=True)
     return 0
 
 
