@@ -134,7 +134,7 @@ def start_supervisor(job_dir: Path, secrets_payload: Mapping[str, Any], *, state
     start_server: Callable[[], None] | None = None
     if state_dir is not None:
         enabled, idle_s = fork_server_settings()
-        if enabled:
+        if enabled and sys.platform.startswith("linux"):  # peer credentials, /proc: Linux only
             pid, start_server = _via_fork_server(state_dir, job_dir, env, secrets_payload, idle_s)
             if pid is not None:
                 return pid
