@@ -6,7 +6,8 @@ subclass that only notes the time when its ``execute()`` begins, then runs the o
 
 - **local**: ``GpuJobOperator(backend="local")`` vs ``BashOperator`` (Airflow's way to run a process
   on the worker): the job's command is ``sh -c 'date +%s.%N >> FILE'``, so the end is the moment the
-  user's process runs;
+  user's process runs; ``ours_spawn`` is ours with ``[gpu_provider] local_fork_server = false`` (each
+  job's supervisor a new interpreter, as before the fork server);
 - **batch**: ``GpuJobOperator(backend="batch")`` vs ``BatchOperator``: the SubmitJob request's arrival
   at the Batch emulator;
 - **sagemaker**: ``GpuJobOperator(backend="sagemaker")`` vs ``SageMakerTrainingOperator``: the
@@ -71,8 +72,21 @@ OURS_TASK = (
 )
 ANCHORS: dict[str, tuple[str, dict[str, str]]] = {
     "local": (
-        "from airflow.providers.standard.operators.bash import BashOperator",
-        {"BashOperator": "timed(BashOperator)(task_id='BashOperator_{i}', bash_command={bash!r})"},
+        "from airflow.providers.standard.operators.bash import BashOperator\n\n\n"
+        "class SpawnGpuJobOperator(GpuJobOperator):\n"
+        "    # ours with [gpu_provider] local_fork_server = false: the supervisor spawned as a new interpreter\n"
+        "    def execute(self, context):\n"
+        "        import os\n"
+        "        os.environ['AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER'] = 'false'\n"
+        "        try:\n"
+        "            return super().execute(context)\n"
+        "        finally:\n"
+        "            del os.environ['AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER']\n",
+        {
+            "BashOperator": "timed(BashOperator)(task_id='BashOperator_{i}', bash_command={bash!r})",
+            "ours_spawn": "timed(SpawnGpuJobOperator)(task_id='ours_spawn_{i}', backend='local', image='x', "
+            "command=['sh', '-c', {bash!r}], capacity='on-demand', poll_interval=1, deferrable=False)",
+        },
     ),
     "batch": (
         "from airflow.providers.amazon.aws.operators.batch import BatchOperator",

@@ -26,6 +26,10 @@ Building blocks (session-scoped, one per test process): ``gpu_airflow_home``, ``
 emulated jobs run in: the current folder), ``gpu_batch_emulator``, ``gpu_sagemaker_emulator``,
 ``gpu_kubernetes_emulator``, ``gpu_ec2_emulator``; and per test ``gpu_batch``, ``gpu_sagemaker``,
 ``gpu_ec2_spot``, ``gpu_dag_runner``. A project may override ``gpu_airflow_home`` or ``gpu_job_cwd``.
+
+The local backend's fork servers of a test session exit 5 s after their last launch (unless
+``AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER_IDLE_S`` is set), and those the test process started are
+stopped when the session ends.
 """
 
 from __future__ import annotations
@@ -51,6 +55,23 @@ if TYPE_CHECKING:
 def _set_env(monkeypatch: pytest.MonkeyPatch, env: Mapping[str, str]) -> None:
     for key, value in env.items():
         monkeypatch.setenv(key, value)
+
+
+# --- the local backend's fork servers --------------------------------------------------------------
+
+#: how long a test session's local fork servers wait for a launch before they exit (a worker's wait 600 s):
+#: each test has a state directory, so a fork server, of its own
+FORK_SERVER_IDLE_S = "5"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER_IDLE_S", FORK_SERVER_IDLE_S)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from gpu_provider.backends.local.launch import stop_fork_servers
+
+    stop_fork_servers()
 
 
 # --- Airflow ---------------------------------------------------------------------------------------

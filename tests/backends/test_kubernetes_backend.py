@@ -384,3 +384,36 @@ def test_each_request_records_the_token_of_its_kubeconfig(kubernetes: Kubernetes
     api.list_namespaced_pod("default", label_selector="gpu-provider/team=none")
     lists = [r for r in kubernetes.emulator.requests("list pods")[before:] if "team" in str(r["body"]["query"])]
     assert [r["client"] for r in lists] == ["team-a", "team-b", "emulator-token"], lists
+
+
+def test_the_attempt_lookup_sends_its_pod_and_job_lists_together(kubernetes: KubernetesWorld) -> None:
+    """A submit's attempt lookup waits for one round trip, not two: the Job LIST is on the wire while the
+    pod LIST is (each is held at the API server until the other has arrived, 5 s at most)."""
+    import threading
+
+    backend = KubernetesBackend()
+    requests = {
+        "pod": _request("lookup-pod", py("print('ok')"), capacity=names.ON_DEMAND),
+        "job": _request("lookup-job", py("print('ok')"), capacity=names.ON_DEMAND, nodes=2),
+    }
+    handles = {kind: backend.submit(request) for kind, request in requests.items()}
+    both = threading.Barrier(2, timeout=5)
+    met: list[str] = []
+    log = kubernetes.emulator.log
+    record = log.record
+
+    def held(action: str, request: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        if action in ("list pods", "list jobs") and "lookup" in str(request["query"].get("labelSelector")):
+            both.wait()  # BrokenBarrierError (the request fails) when the other LIST does not come meanwhile
+            met.append(action)
+        return record(action, request, **kwargs)
+
+    for kind, request in requests.items():
+        log.record = held  # type: ignore[method-assign]
+        try:
+            found = backend.find_existing(request.identity.task)
+        finally:
+            del log.record
+            both.reset()
+        assert [h.job_id for h in found] == [handles[kind].job_id]
+    assert sorted(met) == ["list jobs", "list jobs", "list pods", "list pods"]

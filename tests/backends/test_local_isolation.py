@@ -68,7 +68,9 @@ def as_nobody_job(code: str, *args: str) -> tuple[str, ...]:
 
 
 def files_under(root: Path) -> list[Path]:
-    return [Path(d) / name for d, _, names in os.walk(root) for name in names]
+    """Every regular file under ``root`` (the fork server's socket holds no bytes to read)."""
+    paths = [Path(d) / name for d, _, names in os.walk(root) for name in names]
+    return [p for p in paths if not p.is_socket()]
 
 
 def test_env_values_never_reach_the_disk_and_reattach_needs_none(local: Local, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -148,10 +149,29 @@ class Objects:
         ``active``, ended pods are not fetched."""
         found: list[tuple[str, dict[str, Any]]] = []
         fields = ACTIVE_PODS if active else None
-        for pod in self.select(POD, selector, attempts=PATIENT_ATTEMPTS, fields=fields):
+        # the Job LIST runs in a thread while the pod LIST runs here: a submit's attempt lookup waits for
+        # one round trip instead of two; both are reads, and both end before this returns
+        jobs: list[dict[str, Any]] = []
+        failed: list[BaseException] = []
+
+        def list_jobs() -> None:
+            try:
+                jobs.extend(self.select(JOB, selector, attempts=PATIENT_ATTEMPTS))
+            except BaseException as err:
+                failed.append(err)
+
+        thread = threading.Thread(target=list_jobs, name="gpu-provider-list-jobs", daemon=True)
+        thread.start()
+        try:
+            pods = self.select(POD, selector, attempts=PATIENT_ATTEMPTS, fields=fields)
+        finally:
+            thread.join()
+        if failed:
+            raise failed[0]
+        for pod in pods:
             if ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT_NAME) == pod["metadata"]["name"]:
                 found.append((POD, pod))
-        for job in self.select(JOB, selector, attempts=PATIENT_ATTEMPTS):
+        for job in jobs:
             found.append((JOB, job))
         return found
 

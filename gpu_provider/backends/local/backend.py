@@ -309,14 +309,14 @@ class LocalBackend(Backend):
             return adopted
         secrets_payload = {"env": dict(request.env), "base_env": common.base_env(os.environ)}
         try:
-            proc = launch.start_supervisor(job_dir, secrets_payload)
+            pid = launch.start_supervisor(job_dir, secrets_payload, state_dir=self.state_dir)
         except BaseException as err:
             shutil.rmtree(job_dir, ignore_errors=True)
             common.remove_work_dir(work_dir)
             if isinstance(err, OSError):
                 raise GpuJobError(f"local job {job_id}: could not start the local supervisor: {err}") from err
             raise
-        log.info("local job %s submitted (supervisor pid %s, state in %s)", job_id, proc.pid, job_dir)
+        log.info("local job %s submitted (supervisor pid %s, state in %s)", job_id, pid, job_dir)
         return handle
 
     # --- status --------------------------------------------------------------------------------

@@ -168,3 +168,21 @@ def default_state_dir() -> Path:
         return Path(configured).expanduser().absolute()
     home = os.environ.get("AIRFLOW_HOME") or "~/airflow"
     return (Path(home).expanduser() / "gpu_provider" / "local").absolute()
+
+
+def fork_server_settings() -> tuple[bool, float]:
+    """``[gpu_provider] local_fork_server`` (``true``/``false``, default ``true``) and
+    ``local_fork_server_idle_s`` (seconds, default 600): whether jobs' supervisors are forked by a
+    per-user fork server, and how long it waits for a request before it exits."""
+    text = provider_config("local_fork_server").lower()
+    if text in ("", "true", "1", "yes", "on"):
+        enabled = True
+    elif text in ("false", "0", "no", "off"):
+        enabled = False
+    else:
+        raise ValueError(
+            f"[gpu_provider] local_fork_server={text!r} is not a boolean; allowed: true, false (default true)"
+        )
+    idle = provider_config("local_fork_server_idle_s")
+    idle_s = seconds_option("[gpu_provider] local_fork_server_idle_s", idle) if idle else 600.0
+    return enabled, idle_s

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -533,9 +534,16 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(f"usage: {argv[0]} <job_dir>", file=sys.stderr)
         return 2
-    job_dir = Path(argv[1])
+    return run_job(Path(argv[1]), read_secrets)
+
+
+def run_job(job_dir: Path, secrets: Callable[[], dict[str, Any]]) -> int:
+    """Supervise the job of ``job_dir`` to its end; ``secrets()`` gives the job's environment values.
+
+    What the spawned supervisor (``main``) and one forked by the fork server both run.
+    """
     try:
-        supervisor = Supervisor(job_dir, read_secrets())
+        supervisor = Supervisor(job_dir, secrets())
     except Exception as err:
         reason = f"local supervisor error: could not start: {type(err).__name__}: {err}"
         with contextlib.suppress(OSError):

@@ -1,0 +1,517 @@
+"""The local backend's fork server: a per-user process that starts job supervisors by ``fork()``.
+
+A job's supervisor must outlive the Airflow worker that submits it, so it cannot be a thread or a
+plain child of the worker: it runs in a session of its own. Started as a new interpreter
+(``python -S -m gpu_provider.backends.local.supervisor``), that costs every launch the interpreter's
+start and the supervisor's imports (about 45-50 ms). The fork server pays them once: it is started
+detached on first use (its own session), has the supervisor's code imported, and on a request over a
+Unix socket forks a child that becomes exactly that supervisor (same job folder, same files, same
+session and process group semantics). It exits after ``idle_s`` seconds without a request, on
+SIGTERM, or when its socket file is gone (its state directory was deleted).
+
+Where it lives, and why it is safe to use:
+
+* ``<state_dir>/forkserver/`` (0700, the worker's user only) holds ``<name>.sock``, ``<name>.lock``
+  (flocked for the server's life: one server per name), ``<name>.json`` (its pid and start time, no
+  secret) and ``<name>.log``. ``<name>`` is keyed by the uid, the interpreter, the host and a hash of the
+  source of every module the server has imported (:data:`SERVED_MODULES`): an upgraded provider or
+  another interpreter never reaches an old server; the server refuses a request naming another hash too.
+* Both ends check the other's uid (``SO_PEERCRED``).
+* The job's environment values never reach the server: the forked child gets them from the worker
+  over the connection, after the worker has recorded the child's pid. A child that does not receive
+  them (the worker gave up, died, or the reply was lost) exits without starting anything, so a
+  worker that falls back to a directly spawned supervisor never starts a second one.
+* The child's environment, cwd, umask, rlimits, signal dispositions, stdin/stdout/stderr and open
+  files are set to what a directly spawned supervisor would have: see :func:`_become_supervisor`.
+
+Standard library only: the server imports nothing of Airflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpu_provider.backends.local import common
+
+#: the modules a fork server has imported when it serves (their source is in its name's hash)
+SERVED_MODULES = (
+    "__init__.py",
+    "backends/__init__.py",
+    "backends/local/__init__.py",
+    "backends/local/common.py",
+    "backends/local/gpus.py",
+    "backends/local/supervisor.py",
+    "backends/local/forkserver.py",
+)
+#: what ``python -m`` runs for the server
+SERVER_MODULE = "gpu_provider.backends.local.forkserver"
+#: the folder under the state directory
+FOLDER = "forkserver"
+#: the most bytes of one message (a request, a reply, the job's environment)
+_MAX_FRAME = 64 * 1024 * 1024
+#: how long either end waits for the other within one request
+IO_TIMEOUT_S = 5.0
+#: how long a forked child waits for the job's environment after sending its pid (then it starts nothing)
+_SECRETS_TIMEOUT_S = 60.0
+#: how often the server looks at its socket file and its idle time
+_TICK_S = 1.0
+#: resource limits a job's supervisor inherits from the worker, set in the forked child the same
+_RLIMITS = tuple(
+    getattr(resource, n)
+    for n in (
+        "RLIMIT_AS",
+        "RLIMIT_CORE",
+        "RLIMIT_CPU",
+        "RLIMIT_DATA",
+        "RLIMIT_FSIZE",
+        "RLIMIT_MEMLOCK",
+        "RLIMIT_NOFILE",
+        "RLIMIT_NPROC",
+        "RLIMIT_STACK",
+    )
+    if hasattr(resource, n)
+)
+
+
+class Refused(Exception):
+    """The server did not start a supervisor for this request (nothing was started).
+
+    ``absent``: no server listens there (no socket, or a dead server's): one may be started.
+    """
+
+    def __init__(self, message: str, *, absent: bool = False) -> None:
+        super().__init__(message)
+        self.absent = absent
+
+
+# --- names and messages ------------------------------------------------------------------------
+
+
+def package_root() -> Path:
+    """The folder holding the ``gpu_provider`` package the server imports (put on its ``PYTHONPATH``)."""
+    return Path(__file__).resolve().parent.parent.parent.parent
+
+
+def source_hash(root: Path | None = None) -> str:
+    """A hash of the source of :data:`SERVED_MODULES` as it is on disk now."""
+    pkg = (root or package_root()) / "gpu_provider"
+    digest = hashlib.sha256()
+    for rel in SERVED_MODULES:
+        digest.update(rel.encode() + b"\0")
+        digest.update((pkg / rel).read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def server_name(code_hash: str, *, uid: int | None = None, executable: str | None = None) -> str:
+    """``fs-<uid>-<16 hex>``: one server per user, interpreter, source of the served modules and host (a
+    state directory shared by several machines holds one server per machine)."""
+    key = f"{executable or sys.executable}\0{code_hash}\0{socket.gethostname()}".encode()
+    return f"fs-{os.geteuid() if uid is None else uid}-{hashlib.sha256(key).hexdigest()[:16]}"
+
+
+def socket_address(folder: Path, name: str, folder_fd: int) -> str:
+    """The socket's address; through ``/proc/self/fd`` when the path is too long for ``sun_path``."""
+    path = str(folder / f"{name}.sock")
+    if len(path.encode()) < 100:
+        return path
+    return f"/proc/self/fd/{folder_fd}/{name}.sock"
+
+
+def _send(conn: socket.socket, data: Mapping[str, Any]) -> None:
+    raw = json.dumps(data).encode("utf-8")
+    conn.sendall(struct.pack(">I", len(raw)) + raw)
+
+
+def _recv_exact(conn: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        piece = conn.recv(min(size - len(chunks), 1 << 20))
+        if not piece:
+            raise EOFError(f"the connection closed after {len(chunks)} of {size} bytes")
+        chunks += piece
+    return bytes(chunks)
+
+
+def _recv(conn: socket.socket) -> dict[str, Any]:
+    (size,) = struct.unpack(">I", _recv_exact(conn, 4))
+    if size > _MAX_FRAME:
+        raise ValueError(f"a message of {size} bytes (at most {_MAX_FRAME})")
+    data = json.loads(_recv_exact(conn, size))
+    if not isinstance(data, dict):
+        raise ValueError("a message that is not a JSON object")
+    return data
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", raw)[1])
+
+
+def open_folder(state_dir: Path) -> int:
+    """``<state_dir>/forkserver``, created 0700 if missing, opened (the fd); refused unless it is a folder
+    of this user that nobody else can enter."""
+    folder = state_dir / FOLDER
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=common.DIR_MODE, parents=False)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        os.close(fd)
+        raise PermissionError(f"{folder} belongs to uid {info.st_uid} or is open to others (mode {info.st_mode:o})")
+    return fd
+
+
+# --- the worker's side -------------------------------------------------------------------------
+
+
+def caller_context() -> dict[str, Any]:
+    """What a supervisor spawned by this process would inherit besides its environment: umask, rlimits,
+    the signals this process ignores."""
+    mask = os.umask(0o077)
+    os.umask(mask)
+    ignored = []
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            continue  # set by every Python interpreter at start (and so by the spawned supervisor's)
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                ignored.append(int(sig))
+    return {
+        "umask": mask,
+        "rlimits": {str(int(r)): list(resource.getrlimit(r)) for r in _RLIMITS},
+        "ignored_signals": ignored,
+    }
+
+
+def request_start(
+    address: str,
+    *,
+    code_hash: str,
+    job_dir: Path,
+    env: Mapping[str, str],
+    on_pid: Callable[[int, int | None], None],
+    secrets_payload: Mapping[str, Any],
+) -> int:
+    """Ask the server at ``address`` for a supervisor of ``job_dir``; its pid once it has the environment.
+
+    ``on_pid(pid, pid_start)`` is called (to record the supervisor) before the job's environment is
+    sent: the child starts nothing before it has it.
+
+    :raises Refused: nothing was started (connect refused, the server said no, the reply never came,
+        ``on_pid`` failed, the environment could not be sent); the caller may start the supervisor itself
+    """
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid: int | None = None
+    pid_start: int | None = None
+    try:
+        conn.settimeout(IO_TIMEOUT_S)
+        try:
+            conn.connect(address)
+        except (FileNotFoundError, ConnectionRefusedError) as err:
+            raise Refused(f"no fork server at {address}: {err}", absent=True) from err
+        except OSError as err:
+            raise Refused(f"could not reach the fork server at {address}: {err}") from err
+        try:
+            if _peer_uid(conn) != os.geteuid():
+                raise Refused(f"the fork server at {address} runs as another user")
+            _send(conn, {"hash": code_hash, "job_dir": str(job_dir), "env": dict(env), **caller_context()})
+            reply = _recv(conn)
+        except (OSError, EOFError, ValueError, struct.error) as err:
+            raise Refused(f"no answer from the fork server at {address}: {err}") from err
+        if "pid" not in reply:
+            raise Refused(f"the fork server at {address} refused: {reply.get('refused', reply)}")
+        pid = int(reply["pid"])
+        pid_start = reply.get("pid_start")
+        try:
+            on_pid(pid, pid_start)
+            _send(conn, secrets_payload)
+            conn.shutdown(socket.SHUT_WR)
+        except (OSError, ValueError) as err:
+            # the child has not got its whole environment: it exits without starting anything; make sure
+            common.signal_group(pid, pid_start, signal.SIGKILL)
+            raise Refused(f"could not hand the job's environment to the forked supervisor {pid}: {err}") from err
+        return pid
+    finally:
+        conn.close()
+
+
+# --- the server --------------------------------------------------------------------------------
+
+
+class Server:
+    """One fork server: its socket, lock and pid file in ``folder``, named ``name``."""
+
+    def __init__(self, folder: Path, name: str, code_hash: str, idle_s: float) -> None:
+        self.folder = folder
+        self.name = name
+        self.code_hash = code_hash
+        self.idle_s = idle_s
+        self.stop = False
+        self.why = ""
+        self.listener: socket.socket | None = None
+        self.folder_fd = -1
+        self.lock_fd = -1
+        self.wake_r = self.wake_w = -1
+        self.sock_ino: int | None = None
+
+    # -- life
+
+    def claim(self) -> bool:
+        """Take the name's lock and bind its socket; ``False`` when another server holds the name."""
+        self.folder_fd = open_folder(self.folder.parent)
+        self.lock_fd = os.open(
+            f"{self.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.folder_fd
+        )
+        try:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                return False
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{self.name}.sock", dir_fd=self.folder_fd)  # a dead server's: the lock was free
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(socket_address(self.folder, self.name, self.folder_fd))
+        os.chmod(f"{self.name}.sock", 0o600, dir_fd=self.folder_fd)
+        self.listener.listen(64)
+        self.sock_ino = os.stat(f"{self.name}.sock", dir_fd=self.folder_fd, follow_symlinks=False).st_ino
+        me = os.getpid()
+        common.write_json_atomic(
+            self.folder / f"{self.name}.json",
+            {"pid": me, "pid_start": common.process_start_time(me), "hash": self.code_hash, "started_at": time.time()},
+        )
+        return True
+
+    def socket_is_mine(self) -> bool:
+        try:
+            return os.stat(f"{self.name}.sock", dir_fd=self.folder_fd, follow_symlinks=False).st_ino == self.sock_ino
+        except OSError:
+            return False
+
+    def _on_stop(self, signum: int, frame: Any) -> None:
+        self.stop = True
+        self.why = f"signal {signum}"
+
+    def serve(self) -> None:
+        assert self.listener is not None
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(self.wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_stop)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes select: children are reaped at once
+        last = time.monotonic()
+        try:
+            while True:
+                _reap()
+                idle = time.monotonic() - last
+                if idle >= self.idle_s:
+                    self.why = self.why or f"idle for {idle:.0f}s"
+                elif not self.socket_is_mine():
+                    self.why = self.why or "its socket is gone"
+                if self.stop or self.why:
+                    return
+                listen_fd = self.listener.fileno()
+                ready, _, _ = select.select([listen_fd, self.wake_r], [], [], min(_TICK_S, self.idle_s - idle))
+                if self.wake_r in ready:
+                    with contextlib.suppress(OSError):
+                        os.read(self.wake_r, 4096)
+                if listen_fd in ready:
+                    try:
+                        conn, _ = self.listener.accept()
+                    except OSError:
+                        continue
+                    last = time.monotonic()
+                    with conn:
+                        self.handle(conn)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.listener is not None:
+            if self.socket_is_mine():
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{self.name}.sock", dir_fd=self.folder_fd)
+            if (common.read_json(self.folder / f"{self.name}.json") or {}).get("pid") == os.getpid():
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{self.name}.json", dir_fd=self.folder_fd)
+            self.listener.close()
+            self.listener = None
+
+    # -- one request
+
+    def handle(self, conn: socket.socket) -> None:
+        conn.settimeout(IO_TIMEOUT_S)
+        try:
+            if _peer_uid(conn) != os.geteuid():
+                return  # another user: no answer at all
+            request = _recv(conn)
+            problem = self.check(request)
+            if problem:
+                _send(conn, {"refused": problem})
+                return
+        except (OSError, EOFError, ValueError, struct.error):
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                _send(conn, {"refused": f"fork failed: {err}"})
+            return
+        if pid == 0:  # the child: never returns into the server's loop
+            code = 1
+            try:
+                code = self._child(conn, request)
+            finally:
+                os._exit(code)
+
+    def check(self, request: Mapping[str, Any]) -> str:
+        """Why this server cannot serve ``request`` the way a spawned supervisor would run ("": it can)."""
+        if request.get("hash") != self.code_hash:
+            asked = str(request.get("hash"))[:12]
+            return f"this server runs other code (hash {self.code_hash[:12]}, asked for {asked})"
+        job_dir = request.get("job_dir")
+        if not isinstance(job_dir, str) or not os.path.isabs(job_dir):
+            return f"job_dir={job_dir!r} is not an absolute path"
+        if os.geteuid() != 0:  # limits can only be lowered: refuse what this server could not give
+            for key, (_soft, hard) in (request.get("rlimits") or {}).items():
+                have = resource.getrlimit(int(key))[1]
+                if have != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or hard > have):
+                    return f"resource limit {key}: the worker's hard limit {hard} is above this server's {have}"
+        return ""
+
+    def _child(self, conn: socket.socket, request: Mapping[str, Any]) -> int:
+        try:
+            self._leave_server(conn)
+            job_dir = Path(request["job_dir"])
+            _become_supervisor(job_dir, request, keep_fd=conn.fileno())
+            me = os.getpid()
+        except BaseException as err:  # nothing started: the worker spawns the supervisor itself
+            with contextlib.suppress(BaseException):
+                _send(conn, {"refused": f"the forked child could not set itself up: {type(err).__name__}: {err}"})
+            return 1
+        try:
+            _send(conn, {"pid": me, "pid_start": common.process_start_time(me)})
+            # the worker records this pid first; a worker that dies closes the connection (EOF at once)
+            conn.settimeout(_SECRETS_TIMEOUT_S)
+            secrets = _recv(conn)
+        except BaseException:
+            return 0  # the worker did not hand over the job's environment: start nothing
+        conn.close()
+        from gpu_provider.backends.local.supervisor import run_job  # imported already by preload()
+
+        return run_job(job_dir, lambda: secrets)
+
+    def _leave_server(self, conn: socket.socket) -> None:
+        """In the forked child: drop the server's signal handlers, wake-up pipe, socket and lock."""
+        signal.set_wakeup_fd(-1)
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        for fd in (self.wake_r, self.wake_w, self.lock_fd, self.folder_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        os.setsid()  # like start_new_session=True: its own session and process group, led by itself
+
+
+def _become_supervisor(job_dir: Path, request: Mapping[str, Any], *, keep_fd: int) -> None:
+    """Make this forked process what ``python -S -m ...supervisor <job_dir>``, spawned by the worker, is.
+
+    Signal dispositions: default for every signal, but those the worker ignores (ignored across exec) and
+    what a new interpreter sets (SIGPIPE and SIGXFSZ ignored, SIGINT raising KeyboardInterrupt); the
+    supervisor then installs its SIGTERM and SIGINT handlers itself. Signal mask: the server blocks none.
+    """
+    ignored = {int(s) for s in request.get("ignored_signals") or ()}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        handler: Any = signal.SIG_IGN if sig in ignored else signal.SIG_DFL
+        if sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            handler = signal.SIG_IGN
+        elif sig == signal.SIGINT and sig not in ignored:
+            handler = signal.default_int_handler
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            if signal.getsignal(sig) != handler:  # most are at their default already: no system call
+                signal.signal(sig, handler)
+    os.umask(int(request["umask"]))
+    for key, (soft, hard) in (request.get("rlimits") or {}).items():
+        if resource.getrlimit(int(key)) != (soft, hard):
+            resource.setrlimit(int(key), (soft, hard))
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+    os.chdir(job_dir)
+    # stdin: /dev/null (the spawned supervisor's pipe is pointed there once read); stdout and stderr:
+    # supervisor.log, appended to; every other descriptor of the server closed
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    log_flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    log_fd = os.open(job_dir / common.SUPERVISOR_LOG_FILE, log_flags, 0o600)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    for fd in (devnull, log_fd):
+        if fd > 2 and fd != keep_fd:
+            os.close(fd)
+    os.closerange(3, keep_fd)
+    os.closerange(keep_fd + 1, max(keep_fd + 2, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
+    sys.argv = [sys.argv[0], str(job_dir)]
+
+
+def _reap() -> None:
+    """Reap the supervisors this server forked that have ended (they are its children until it exits)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def preload() -> None:
+    """Import what a supervisor runs, once, in the server: its forked children start with it imported."""
+    import gpu_provider.backends.local.supervisor  # noqa: F401
+
+
+def main() -> int:
+    """``python -S -m gpu_provider.backends.local.forkserver``; its settings arrive on stdin as JSON
+    (``{"folder", "name", "hash", "idle_s"}``), so its command line names nothing."""
+    settings = json.loads(sys.stdin.buffer.read(1 << 20) or b"{}")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    folder, name = Path(settings["folder"]), str(settings["name"])
+    preload()
+    code_hash = source_hash()
+    if code_hash != settings.get("hash") or server_name(code_hash) != name:
+        print(f"fork server {name}: the source changed since it was asked for; not serving", flush=True)
+        return 0
+    server = Server(folder, name, code_hash, float(settings.get("idle_s", 600.0)))
+    if not server.claim():
+        return 0  # another server holds the name
+    print(f"fork server {name} (pid {os.getpid()}) serving; idle exit after {server.idle_s:g}s", flush=True)
+    server.serve()
+    print(f"fork server {name} (pid {os.getpid()}) exits: {server.why}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

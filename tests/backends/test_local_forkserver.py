@@ -1,0 +1,460 @@
+"""The local backend's fork server: supervisors forked by it run exactly as spawned ones, outlive the worker
+and the server, and a server that is missing, stale or refusing is never a reason for a second job or none.
+
+Every test starts its own server in its own state directory and stops it (and every process its jobs
+started) at teardown, pass or fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_provider.backends.base import JobHandle, JobState, TaskKey
+from gpu_provider.backends.local import LocalBackend, common, forkserver, launch
+from tests.backends.test_local import GRACE, PY, TASK, Local, running, wait_for
+
+SECRET = "fork-server-secret-3f9a1c"
+
+
+def ppid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rfind(b")") + 2 :].split()[1])
+
+
+class Served:
+    """A state directory with its fork server running (started as a worker starts it)."""
+
+    def __init__(self, tmp: Path, idle_s: float = 120.0) -> None:
+        self.state_dir = tmp / "state"
+        self.state_dir.mkdir(parents=True)
+        self.code_hash = forkserver.source_hash()
+        self.name = forkserver.server_name(self.code_hash)
+        self.folder = self.state_dir / forkserver.FOLDER
+        self.idle_s = idle_s
+        self.pids: list[int] = []
+        self.folder_fd = -1
+
+    def start(self) -> int:
+        os.close(forkserver.open_folder(self.state_dir))
+        launch._server_tries.pop((str(self.folder), self.name), None)
+        launch._start_server(self.folder, self.name, self.code_hash, self.idle_s)
+        return self.wait_ready()
+
+    def wait_ready(self) -> int:
+        info = wait_for("the fork server listening", lambda: common.read_json(self.folder / f"{self.name}.json"))
+        pid = int(info["pid"])
+        self.pids.append(pid)
+        return pid
+
+    @property
+    def address(self) -> str:
+        """The socket's address as a worker reaches it (through a folder handle when the path is long)."""
+        if self.folder_fd < 0:
+            self.folder_fd = forkserver.open_folder(self.state_dir)
+        return forkserver.socket_address(self.folder, self.name, self.folder_fd)
+
+    def stop(self) -> None:
+        if self.folder_fd >= 0:
+            os.close(self.folder_fd)
+        for pid in self.pids:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        launch.reap_children()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Served, Local]]:
+    server = Served(tmp_path)
+    (tmp_path / "work").mkdir()
+    backend = LocalBackend(
+        state_dir=str(server.state_dir), grace_period=GRACE, gpus=[], working_dir=str(tmp_path / "work")
+    )
+    harness = Local(backend, tmp_path)
+    try:
+        yield server, harness
+    finally:
+        harness.close()
+        server.stop()
+
+
+# A job that writes what it and its supervisor see, then waits for a release file (if given).
+PROBE = textwrap.dedent(
+    """
+    import json, os, re, sys, time
+    def status(pid):
+        text = open(f"/proc/{pid}/status").read()
+        return {k: v.strip() for k, v in re.findall(r"^(Umask|SigIgn|SigBlk|SigCgt):(.*)$", text, re.M)}
+    sup = os.getppid()
+    info = {
+        "env": dict(os.environ),
+        "cwd": os.getcwd(),
+        "status": status(os.getpid()),
+        "limits": open("/proc/self/limits").read(),
+        "stdin": os.readlink("/proc/self/fd/0"),
+        "sup": {
+            "pid": sup,
+            "ppid": int(open(f"/proc/{sup}/stat").read().rsplit(")", 1)[1].split()[1]),
+            "status": status(sup),
+            "limits": open(f"/proc/{sup}/limits").read(),
+            "cwd": os.readlink(f"/proc/{sup}/cwd"),
+            "fds": sorted(os.readlink(f"/proc/{sup}/fd/{fd}") for fd in os.listdir(f"/proc/{sup}/fd")),
+            "sid": os.getsid(sup),
+            "pgid": os.getpgid(sup),
+            "cmdline": open(f"/proc/{sup}/cmdline", "rb").read().decode(errors="replace"),
+            "environ": open(f"/proc/{sup}/environ", "rb").read().decode(errors="replace"),
+        },
+    }
+    with open(sys.argv[1] + ".tmp", "w") as out:
+        json.dump(info, out)
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    while len(sys.argv) > 2 and not os.path.exists(sys.argv[2]):
+        time.sleep(0.05)
+    """
+)
+
+
+def probe(out: Path, release: Path | None = None) -> tuple[str, ...]:
+    return (PY, "-c", PROBE, str(out), *([str(release)] if release else []))
+
+
+def read_probe(out: Path) -> dict[str, Any]:
+    return json.loads(wait_for(f"{out} written", lambda: out.exists() and out.read_text()))  # type: ignore[arg-type]
+
+
+def task(name: str) -> TaskKey:
+    return TaskKey(TASK.dag_id, name, TASK.run_id)
+
+
+# --- parity --------------------------------------------------------------------------------------
+
+
+def test_a_forked_supervisor_and_its_job_see_what_a_spawned_one_sees(
+    served: tuple[Served, Local], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, local = served
+    server_pid = server.start()
+    # the worker now differs from the server it started: umask, a limit, an ignored signal, its environment
+    monkeypatch.setenv("TZ", "Pacific/Auckland")
+    mask = os.umask(0o027)
+    ignored = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(limit[0], 512), limit[1]))
+    try:
+        forked = local.submit(probe(local.tmp / "forked.json"), task=task("forked"), env={"TOKEN": SECRET})
+        seen_forked = read_probe(local.tmp / "forked.json")
+        monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER", "false")
+        spawned = local.submit(probe(local.tmp / "spawned.json"), task=task("spawned"), env={"TOKEN": SECRET})
+        seen_spawned = read_probe(local.tmp / "spawned.json")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+        signal.signal(signal.SIGUSR1, ignored)
+        os.umask(mask)
+    assert local.wait(forked).state is JobState.SUCCEEDED and local.wait(spawned).state is JobState.SUCCEEDED
+    # one was forked by the server, the other spawned by this process
+    assert seen_forked["sup"]["pid"] != seen_spawned["sup"]["pid"]
+    assert local.supervisor_pid(forked) == seen_forked["sup"]["pid"]
+
+    def same(info: dict[str, Any], handle: JobHandle) -> dict[str, Any]:
+        job_dir = handle.extra["job_dir"]
+        env = {k: v.replace(job_dir, "JOB") for k, v in info["env"].items() if k != "MASTER_PORT"}
+        sup = info["sup"]
+        fds = [re.sub(r"\[\d+\]", "[N]", fd.replace(job_dir, "JOB")) for fd in sup["fds"]]
+        return {
+            "env": env,
+            "cwd": info["cwd"],
+            "status": info["status"],
+            "limits": info["limits"],
+            "stdin": info["stdin"],
+            "sup_status": sup["status"],
+            "sup_limits": sup["limits"],
+            "sup_cwd": sup["cwd"].replace(job_dir, "JOB"),
+            "sup_fds": fds,
+            "sup_session_and_group_of_its_own": sup["sid"] == sup["pgid"] == sup["pid"],
+        }
+
+    assert same(seen_forked, forked) == same(seen_spawned, spawned)
+    parity = same(seen_forked, forked)
+    assert parity["env"]["TOKEN"] == SECRET and parity["env"]["TZ"] == "Pacific/Auckland"
+    assert parity["cwd"] == str(local.tmp / "work")  # the caller's working folder, not the server's
+    assert parity["sup_cwd"] == "JOB" and parity["sup_session_and_group_of_its_own"]
+    assert parity["sup_status"]["Umask"] == "0027" and parity["status"]["Umask"] == "0027"
+    assert int(parity["status"]["SigIgn"], 16) & (1 << (signal.SIGUSR1 - 1))  # ignored by the worker: by the job too
+    assert re.search(r"Max open files\s+512\s", parity["sup_limits"]) and re.search(
+        r"Max open files\s+512\s", parity["limits"]
+    )
+    assert parity["stdin"] == "/dev/null"
+    assert sorted(parity["sup_fds"])[:1] == ["/dev/null"]  # no socket of the server's left open in the supervisor
+    assert not any(fd.startswith("socket:") for fd in parity["sup_fds"])
+
+    # the job's environment values: in no command line, no process's initial environment, no file
+    assert SECRET not in Path(f"/proc/{server_pid}/cmdline").read_text(errors="replace")
+    assert SECRET not in seen_forked["sup"]["environ"] and SECRET not in seen_forked["sup"]["cmdline"]
+    assert SECRET not in Path(f"/proc/{server_pid}/environ").read_text(errors="replace")
+    for path in server.state_dir.rglob("*"):
+        if path.is_file() and not path.is_socket():
+            assert SECRET.encode() not in path.read_bytes(), path
+        if path.parent == server.folder or path == server.folder:
+            assert path.stat().st_mode & 0o077 == 0, f"{path} is open to others: {path.stat().st_mode:o}"
+
+
+# --- the job outlives the worker and the server -------------------------------------------------
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys, time
+    from gpu_provider.backends.base import JobIdentity, JobRequest, TaskKey
+    from gpu_provider.backends.local import LocalBackend
+    from gpu_provider.job import GpuResources
+    backend = LocalBackend(state_dir=sys.argv[1], gpus=[], grace_period=0.5)
+    request = JobRequest(
+        identity=JobIdentity(task=TaskKey(*json.loads(sys.argv[2])), try_number=1, attempt=1, capacity="on-demand"),
+        command=json.loads(sys.argv[3]), env={}, resources=GpuResources(gpus=1, nodes=1), capacity="on-demand",
+    )
+    print("HANDLE", json.dumps(backend.submit(request).to_dict()), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_the_job_outlives_the_worker_and_the_fork_server_and_a_retry_reattaches(
+    served: tuple[Served, Local],
+) -> None:
+    server, local = served
+    server_pid = server.start()
+    release = local.tmp / "release"
+    out = local.tmp / "job.json"
+    the_task = task("outlives")
+    worker = subprocess.Popen(
+        [
+            PY,
+            "-c",
+            WORKER,
+            str(server.state_dir),
+            json.dumps([the_task.dag_id, the_task.task_id, the_task.run_id]),
+            json.dumps(probe(out, release)),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        line = next(line for line in worker.stdout if line.startswith("HANDLE "))
+        handle = JobHandle.from_dict(json.loads(line.removeprefix("HANDLE ")))
+        local.handles.append(handle)
+        seen = read_probe(out)
+        supervisor = seen["sup"]["pid"]
+        assert ppid(supervisor) == server_pid  # forked by the server
+        worker.kill()
+        worker.wait()
+        os.kill(server_pid, signal.SIGKILL)
+        wait_for("the fork server gone", lambda: not running(server_pid))
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    node = local.node_pids(handle)[0]
+    assert running(supervisor) and running(node)
+    assert ppid(supervisor) != server_pid  # reparented, still supervising
+    # a retry in a new worker finds the attempt and reattaches: a submit of the same attempt adopts it
+    retry = LocalBackend(state_dir=str(server.state_dir), gpus=[], grace_period=GRACE)
+    assert [h.job_id for h in retry.find_existing(the_task)] == [handle.job_id]
+    assert local.poll(handle).state is JobState.RUNNING
+    release.touch()
+    assert local.wait(handle).state is JobState.SUCCEEDED
+    wait_for("the supervisor gone", lambda: not running(supervisor))
+
+
+def test_a_forked_job_is_cancelled_like_a_spawned_one(served: tuple[Served, Local]) -> None:
+    server, local = served
+    server_pid = server.start()
+    handle = local.submit(probe(local.tmp / "out.json", local.tmp / "never"))
+    seen = read_probe(local.tmp / "out.json")
+    assert seen["sup"]["ppid"] == server_pid
+    node = local.node_pids(handle)[0]
+    local.backend.cancel(handle, "test cancel")
+    status = local.wait(handle)
+    assert (status.state, status.reason) == (JobState.CANCELLED, "test cancel")
+    wait_for("the node gone", lambda: not running(node))
+
+
+# --- missing, stale or refusing servers -----------------------------------------------------------
+
+
+def test_a_server_of_other_code_is_not_used(served: tuple[Served, Local], monkeypatch: pytest.MonkeyPatch) -> None:
+    server, local = served
+    server_pid = server.start()
+    # asked directly for another hash: refused, nothing forked
+    with pytest.raises(forkserver.Refused, match="this server runs other code"):
+        forkserver.request_start(
+            server.address,
+            code_hash="0" * 64,
+            job_dir=local.tmp,
+            env={},
+            on_pid=lambda pid, start: None,
+            secrets_payload={},
+        )
+    # a worker whose provider's source differs looks for another server: this one gets no request
+    monkeypatch.setattr(forkserver, "source_hash", lambda root=None: "1" * 64)
+    handle = local.submit(probe(local.tmp / "out.json"))
+    seen = read_probe(local.tmp / "out.json")
+    assert seen["sup"]["ppid"] == os.getpid()  # spawned by this process
+    assert local.wait(handle).state is JobState.SUCCEEDED
+    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
+    assert children == []
+    # the server started for that name saw the source on disk is not what it was asked for, and did not serve
+    other = forkserver.server_name("1" * 64)
+    log_file = server.folder / f"{other}.log"
+    wait_for("the other server's word", lambda: log_file.exists() and "not serving" in log_file.read_text())
+    assert not (server.folder / f"{other}.sock").exists()
+
+
+def test_the_name_changes_with_the_served_source(tmp_path: Path) -> None:
+    root = tmp_path / "copy"
+    for rel in forkserver.SERVED_MODULES:
+        target = root / "gpu_provider" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(forkserver.package_root() / "gpu_provider" / rel, target)
+    before = forkserver.source_hash(root)
+    assert before == forkserver.source_hash()
+    with (root / "gpu_provider" / "backends/local/supervisor.py").open("a") as fh:
+        fh.write("\n# upgraded\n")
+    assert forkserver.source_hash(root) != before
+    assert forkserver.server_name(forkserver.source_hash(root)) != forkserver.server_name(before)
+    assert forkserver.server_name(before, executable="/other/python") != forkserver.server_name(before)
+
+
+def test_a_served_module_list_that_misses_a_module_is_caught() -> None:
+    """The hash covers every module of the provider the server has imported when it serves."""
+    code = (
+        "import sys, json; import gpu_provider.backends.local.forkserver as f; f.preload(); "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'gpu_provider')))"
+    )
+    out = subprocess.run([PY, "-S", "-c", code], capture_output=True, text=True, check=True, timeout=30)
+    imported = json.loads(out.stdout)
+    files = {m.removeprefix("gpu_provider").lstrip(".").replace(".", "/") for m in imported}
+    listed = {rel.removesuffix(".py").removesuffix("__init__").rstrip("/") for rel in forkserver.SERVED_MODULES}
+    assert files == listed
+
+
+def test_a_stale_socket_falls_back_to_spawning_and_a_server_takes_its_place(served: tuple[Served, Local]) -> None:
+    server, local = served
+    os.close(forkserver.open_folder(server.state_dir))
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(server.address)  # a dead server's socket file: nobody listens
+    dead.close()
+    first = local.submit(probe(local.tmp / "first.json"), task=task("first"))
+    assert read_probe(local.tmp / "first.json")["sup"]["ppid"] == os.getpid()
+    server_pid = server.wait_ready()  # the launch started a server for the next ones
+    second = local.submit(probe(local.tmp / "second.json"), task=task("second"))
+    assert read_probe(local.tmp / "second.json")["sup"]["ppid"] == server_pid
+    assert local.wait(first).state is JobState.SUCCEEDED and local.wait(second).state is JobState.SUCCEEDED
+
+
+def test_a_server_that_hangs_up_costs_neither_the_job_nor_a_second_one(served: tuple[Served, Local]) -> None:
+    server, local = served
+    os.close(forkserver.open_folder(server.state_dir))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(server.address)
+    listener.listen()
+    stop = threading.Event()
+
+    def hang_up() -> None:
+        while not stop.is_set():
+            conn, _ = listener.accept()
+            conn.recv(1 << 16)
+            conn.close()
+
+    thread = threading.Thread(target=hang_up, daemon=True)
+    thread.start()
+    try:
+        marks = local.tmp / "marks"
+        handle = local.submit((PY, "-c", f"open({str(marks)!r}, 'a').write('ran\\n')"))
+        assert local.wait(handle).state is JobState.SUCCEEDED
+    finally:
+        stop.set()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as poke:
+            poke.connect(server.address)
+        thread.join(5)
+        listener.close()
+    assert marks.read_text() == "ran\n"  # run once
+    assert local.raw(handle)["supervisor_pid"] and not (server.folder / f"{server.name}.json").exists()
+
+
+def test_a_forked_child_that_never_gets_the_environment_starts_nothing(served: tuple[Served, Local]) -> None:
+    server, local = served
+    server.start()
+    marks = local.tmp / "marks"
+    job_dir = local.tmp / "job"
+    job_dir.mkdir()
+    (job_dir / common.SUPERVISOR_LOG_FILE).touch()
+    forked: list[int] = []
+
+    def worker_dies(pid: int, start: int | None) -> None:
+        forked.append(pid)
+        raise OSError("the worker could not record the supervisor")
+
+    with pytest.raises(forkserver.Refused, match="could not hand the job's environment"):
+        forkserver.request_start(
+            server.address,
+            code_hash=server.code_hash,
+            job_dir=job_dir,
+            env={},
+            on_pid=worker_dies,
+            secrets_payload={"env": {"X": "1"}},
+        )
+    wait_for("the forked child gone", lambda: not running(forked[0]))
+    assert not marks.exists() and not (job_dir / common.STATUS_FILE).exists()
+
+
+# --- settings and life ----------------------------------------------------------------------------
+
+
+def test_the_fork_server_can_be_turned_off(served: tuple[Served, Local], monkeypatch: pytest.MonkeyPatch) -> None:
+    server, local = served
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER", "false")
+    for name in ("a", "b"):
+        handle = local.submit(probe(local.tmp / f"{name}.json"), task=task(name))
+        assert read_probe(local.tmp / f"{name}.json")["sup"]["ppid"] == os.getpid()
+        assert local.wait(handle).state is JobState.SUCCEEDED
+    assert not server.folder.exists()
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER", "maybe")
+    with pytest.raises(ValueError, match=r"local_fork_server='maybe' is not a boolean; allowed: true, false"):
+        local.submit(probe(local.tmp / "c.json"), task=task("c"))
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER", "true")
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER_IDLE_S", "soon")
+    with pytest.raises(ValueError, match=r"local_fork_server_idle_s='soon' is not a number of seconds"):
+        local.submit(probe(local.tmp / "d.json"), task=task("d"))
+
+
+def test_the_server_exits_when_idle_or_when_its_socket_is_gone(tmp_path: Path) -> None:
+    idle = Served(tmp_path / "idle", idle_s=0.5)
+    try:
+        pid = idle.start()
+        wait_for("the idle server gone", lambda: not running(pid))
+        assert not (idle.folder / f"{idle.name}.sock").exists()
+        assert "exits: idle for" in (idle.folder / f"{idle.name}.log").read_text()
+    finally:
+        idle.stop()
+    gone = Served(tmp_path / "gone")
+    try:
+        pid = gone.start()
+        (gone.folder / f"{gone.name}.sock").unlink()  # its socket deleted (as with its state directory)
+        wait_for("the server without a socket gone", lambda: not running(pid))
+        assert "exits: its socket is gone" in (gone.folder / f"{gone.name}.log").read_text()
+        assert not (gone.folder / f"{gone.name}.json").exists()
+    finally:
+        gone.stop()
