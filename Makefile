@@ -30,9 +30,12 @@ demo: $(STAMP)
 
 ## Run the whole test suite, in parallel: most tests wait on processes and polls, not on the CPU, so
 ## more workers than cores pays (measured on 2 cores: see docs/development.md). TEST_WORKERS=0: serial.
+## Python's bytecode cache stays on (also where PYTHONDONTWRITEBYTECODE is set): without it every worker and
+## every Airflow or job process the tests start compiles the provider anew, and every worker rewrites each
+## test module's asserts again (about 3 s per worker, 1 s per provider process: docs/development.md).
 TEST_WORKERS ?= 6
 test: $(STAMP)
-	@$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
+	@env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests
 
 ## The lowest supported set (constraints/lowest/py3.X.txt: the lower bounds of pyproject.toml, resolved):
 ## install the built wheel against it in a fresh .venv-lowest, base install then [all], and smoke-test it

@@ -38,7 +38,7 @@ def test_exact_resume_two_interruptions_give_the_bit_identical_model(harness: Ha
         capture_output=True,
     )
 
-    def train_dag(dag_id: str, backend: str, capacity: str) -> Path:
+    def train_dag(dag_id: str, backend: str, capacity: str, step_delay: str) -> Path:
         command = [
             sys.executable,
             "-m",
@@ -50,7 +50,7 @@ def test_exact_resume_two_interruptions_give_the_bit_identical_model(harness: Ha
             "--epochs",
             "3",
             "--step-delay",
-            "0.04",
+            step_delay,
             "--checkpoint-every",
             "10",
         ]
@@ -70,14 +70,18 @@ def test_exact_resume_two_interruptions_give_the_bit_identical_model(harness: Ha
             """,
         )
 
+    # the reference run unpaced (the delay is a sleep between steps: the model does not depend on it); the
+    # interrupted run paced, so that each simulated interruption lands mid-training
     plain = harness.run(
-        train_dag("exact_plain", f"LocalBackend(state_dir={str(harness.state_dir)!r})", "'on_demand'"), "exact_plain"
+        train_dag("exact_plain", f"LocalBackend(state_dir={str(harness.state_dir)!r})", "'on_demand'", "0"),
+        "exact_plain",
     )
     interrupted = harness.run(
         train_dag(
             "exact_interrupted",
             f"LocalBackend(state_dir={str(harness.state_dir)!r}, simulate_preemptions=[2.0, 2.0], grace_period=3)",
             "Spot(backoff=0)",
+            "0.04",
         ),
         "exact_interrupted",
     )

@@ -2,6 +2,7 @@
 
 Writes its pid to ``$PID_DIR/<attempt>-<rank>.pid``, resumes from ``GPU_PROVIDER_RESUME_FROM``,
 stops cleanly on SIGTERM (checkpoint, exit 143), can fail on chosen attempts (``--fail-on-attempt``),
+steps fast from a chosen attempt on (``--fast-from-attempt``: the test's last attempt only has to finish),
 with ``--hold-until FILE`` waits after its last step until FILE exists (a test releases it once it
 has seen what it waits for, however slow the machine), and at the end writes ``result.json`` (the
 steps it executed in each attempt) to --out.
@@ -18,12 +19,21 @@ from pathlib import Path
 
 from gpu_provider.runtime import declare_output, install_stop_handler, job_env, restore_checkpoint, save_checkpoint
 
+#: the step of an attempt at or after --fast-from-attempt (seconds)
+FAST_DELAY_S = 0.01
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--delay", type=float, default=0.1)
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--fast-from-attempt",
+        type=int,
+        default=0,
+        help="from this attempt on, step every 0.01 s instead of --delay (a last attempt that only has to finish)",
+    )
     parser.add_argument("--fail-on-attempt", type=int, default=0)
     parser.add_argument("--hold-until", default=None, help="after the last step, wait until this file exists")
     parser.add_argument("--fault-on-attempts", default="", help="attempts (comma-separated) that hit a GPU fault")
@@ -43,8 +53,9 @@ def main() -> int:
         print(f"resumed from step {step}", flush=True)
     history.append({"attempt": env.attempt, "capacity": env.capacity, "start": step})
     print(f"attempt {env.attempt} on {env.capacity}, rank {env.node_rank}/{env.nnodes}", flush=True)
+    delay = FAST_DELAY_S if args.fast_from_attempt and env.attempt >= args.fast_from_attempt else args.delay
     while step < args.steps:
-        time.sleep(args.delay)
+        time.sleep(delay)
         step += 1
         if env.node_rank == 0 and env.checkpoint_uri:
             with save_checkpoint(env.checkpoint_uri, step) as folder:

@@ -25,7 +25,7 @@ def test_spot_reclaimed_while_running_resumes_on_demand_from_its_checkpoint(
         harness,
         world,
         dag_id,
-        harness.toy_args(str(out), 14, 0.2),
+        harness.toy_args(str(out), 14, 0.2, "--fast-from-attempt", "2"),  # the on-demand attempt only has to finish
         capacity=Source("SpotFallback(after_preemptions=1, backoff=0)"),
         checkpoint=world.checkpoint_uri(harness.tmp, "ckpt"),
         deferrable=deferrable,

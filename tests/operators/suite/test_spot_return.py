@@ -56,7 +56,18 @@ def _spot_return(**more: Any) -> str:
     return f"SpotReturn({', '.join(f'{k}={v!r}' for k, v in args.items())})"
 
 
-def _dag(harness: Harness, world: OperatorWorld, dag_id: str, capacity: str, deferrable: bool, steps: int) -> Any:
+def _dag(
+    harness: Harness,
+    world: OperatorWorld,
+    dag_id: str,
+    capacity: str,
+    deferrable: bool,
+    steps: int,
+    fast_from_attempt: int = 0,
+) -> Any:
+    """``fast_from_attempt``: the attempt (and those after it) whose job only has to finish, stepping at 0.01 s
+    (an attempt that must still run when the test acts keeps the 0.2 s steps)."""
+    fast = ("--fast-from-attempt", str(fast_from_attempt)) if fast_from_attempt else ()
     return harness.write_dag(
         dag_id,
         f"""
@@ -65,7 +76,7 @@ def _dag(harness: Harness, world: OperatorWorld, dag_id: str, capacity: str, def
             task_id="job",
             backend={world.backend_source()},
             image="trainer:1",
-            command={harness.toy_command(str(harness.tmp / dag_id / "out"), steps, 0.2)},
+            command={harness.toy_command(str(harness.tmp / dag_id / "out"), steps, 0.2, *fast)},
             capacity={capacity},
             checkpoint={world.checkpoint_uri(harness.tmp, f"ckpt-{dag_id}")!r},
             deferrable={deferrable},
@@ -109,7 +120,7 @@ def test_an_on_demand_attempt_moves_back_to_spot_at_a_checkpoint_when_spot_score
     releaser = world.release_spot_once_given_up(key)
     returns = _raise_scores_once_on_demand_ran(world, key, ec2)
     capacity = f"SpotFallback(spot_wait_timeout=2.0, backoff=0, spot_return={_spot_return()})"
-    run = harness.run(_dag(harness, world, dag_id, capacity, deferrable, 40), dag_id, extra_env=_env(ec2))
+    run = harness.run(_dag(harness, world, dag_id, capacity, deferrable, 40, 3), dag_id, extra_env=_env(ec2))
     releaser.join(timeout=60)
     returns.join(timeout=60)
     task = run.task()
@@ -202,7 +213,7 @@ def test_moves_are_bounded_by_max_moves_so_spot_and_on_demand_cannot_flap(
     world.options["simulate_preemptions"] = [0.5, 1.0]  # the first two spot attempts are reclaimed
     dag_id = world.dag_id("sr_flap")
     capacity = f"SpotFallback(backoff=0, max_interruptions=3, spot_return={_spot_return(max_moves=1)})"
-    run = harness.run(_dag(harness, world, dag_id, capacity, False, 60), dag_id, extra_env=_env(ec2))
+    run = harness.run(_dag(harness, world, dag_id, capacity, False, 60, 4), dag_id, extra_env=_env(ec2))
     task = run.task()
     assert task["state"] == "success", run.log[-4000:]
     attempts = task["xcom"]["attempts"]
