@@ -175,9 +175,6 @@ def main(argv: list[str] | None = None) -> int:
             write_json(out / "metrics.json", {"steps": total_steps, "nnodes": world, "final_loss": final})
             declare_output(args.out)
             log(rank, f"done: {total_steps} steps, final loss {final:.4f}")
-        # every rank leaves together: a rank that tears its process group down while rank 0 still writes the
-        # model can leave the two stuck in gloo's teardown, the job never ending (and its GPUs billing)
-        dist.barrier()
         return 0
     finally:
         with contextlib.suppress(Exception):

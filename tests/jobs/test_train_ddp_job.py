@@ -60,7 +60,7 @@ def torch_python() -> Path:
     return python
 
 
-def _ddp_task(harness: Harness, python: Path, name: str, capacity: str, data: Path, step_delay: float) -> str:
+def _ddp_task(harness: Harness, python: Path, name: str, capacity: str, data: Path) -> str:
     torchrun = python.parent / "torchrun"
     script = (
         'exec "$0" --nnodes "$NNODES" --node-rank "$NODE_RANK" --nproc-per-node 1 '
@@ -86,7 +86,7 @@ def _ddp_task(harness: Harness, python: Path, name: str, capacity: str, data: Pa
         "--checkpoint-every",
         str(CHECKPOINT_EVERY),
         "--step-delay",
-        str(step_delay),
+        str(STEP_DELAY),
     ]
     return f"""
     GpuJobOperator(
@@ -106,15 +106,13 @@ def _ddp_task(harness: Harness, python: Path, name: str, capacity: str, data: Pa
 def test_ddp_training_interrupted_once_resumes_to_the_same_model_as_an_uninterrupted_run(
     harness: Harness, torch_python: Path, dataset: Path
 ) -> None:
-    # one dag.test at a time (they share a SQLite metadata DB): the uninterrupted run first, unpaced (the model
-    # does not depend on the pace; unpaced, ranks that tore their process group down while rank 0 still wrote
-    # the model hung in gloo's teardown in 2 of 3 runs before train_ddp's final barrier)
-    dag = harness.write_dag("ddp_plain", _ddp_task(harness, torch_python, "plain", "on_demand", dataset, 0))
+    # one dag.test at a time (they share a SQLite metadata DB): the uninterrupted run first
+    dag = harness.write_dag("ddp_plain", _ddp_task(harness, torch_python, "plain", "on_demand", dataset))
     plain = harness.run(dag, "ddp_plain", timeout=420)
     assert plain.task()["state"] == "success", plain.log[-4000:]
     # the spot run, interrupted once its first checkpoint is published (torch's start-up takes seconds, more
     # on a busy machine: a fixed time could land before training or after it)
-    dag = harness.write_dag("ddp_spot", _ddp_task(harness, torch_python, "spot", "spot_fallback", dataset, STEP_DELAY))
+    dag = harness.write_dag("ddp_spot", _ddp_task(harness, torch_python, "spot", "spot_fallback", dataset))
     started = harness.start(dag, "ddp_spot")
     backend = LocalBackend(state_dir=str(harness.state_dir))
     first_checkpoint = harness.tmp / "ckpt-spot" / f"ckpt-{CHECKPOINT_EVERY:010d}"
