@@ -255,6 +255,8 @@ def pipeline_env(installed: Installed, tmp_path: Path) -> Iterator[dict[str, str
             "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__GPU_PROVIDER__LOCAL_STATE_DIR": str(tmp_path / "state"),
+            # the fork server its local jobs start exits soon after the test, not 10 minutes later
+            "AIRFLOW__GPU_PROVIDER__LOCAL_FORK_SERVER_IDLE_S": "5",
             "GPU_PIPELINE_DATA_ROOT": (tmp_path / "data").as_uri(),
         }
     )
