@@ -137,6 +137,30 @@ class CapacityPolicy(ABC):
         last = interruptions[-1] if interruptions else None
         return Rung(capacity, self.instances.next_type(instance_types, last, capacity))
 
+    # --- where an attempt runs (one place unless a :class:`~gpu_provider.capacity.Ladder` names several) ---
+    def rung(self, index: int | None) -> Any:
+        """The ladder rung ``index`` names (a :class:`~gpu_provider.capacity.LadderRung`); ``None`` here: a policy
+        on one backend has no rungs."""
+        return None
+
+    def types_for(self, index: int | None, instance_types: Sequence[str] = ()) -> tuple[str, ...]:
+        """The instance types an attempt on rung ``index`` chooses from: the task's here."""
+        return tuple(instance_types)
+
+    def rung_after_move(self, rungs_run: Sequence[int | None], instance_types: Sequence[str] = ()) -> Rung:
+        """The next attempt after a move back to spot (``rungs_run``: the rungs of the run's attempts): spot, at the
+        preferred instance type under instance fallback."""
+        from gpu_provider.capacity.instances import Rung
+
+        return Rung(SPOT, instance_types[0] if self.instances is not None and instance_types else None)
+
+    def spot_watch(self, record: Any, run: Sequence[Any], instance_types: Sequence[str] = ()) -> dict[str, Any] | None:
+        """What ``record``'s wait reads to move the job back to spot (:meth:`SpotReturn.watch_for`); ``None``:
+        nothing to read."""
+        if self.spot_return is None:
+            return None
+        return self.spot_return.watch_for(record, run, instance_types)
+
     def capacity_wait_for(
         self, capacity: str, instance_type: str | None, instance_types: Sequence[str] = ()
     ) -> float | None:

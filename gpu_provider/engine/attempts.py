@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_provider.backends.base import JobState, JobStatus
-from gpu_provider.capacity import CapacityPolicy, Interruption, Ladder
+from gpu_provider.capacity import CapacityPolicy, Interruption
 from gpu_provider.exceptions import (
     GpuJobCancelledError,
     GpuJobError,
@@ -304,10 +304,7 @@ class AttemptEngine:
                 record,
             )
         step = self.next_submit(delay=self.policy.backoff_delay(len(interruptions)))
-        on = f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity
-        rung = self.policy.rung(step.rung) if isinstance(self.policy, Ladder) else None
-        if rung is not None:  # a capacity ladder: say where the next attempt runs
-            on = f"{rung.describe()} (ladder rung {step.rung})"
+        on = self._where(step)
         if record.instance_choice and str(record.interruption) == CAPACITY_TIMEOUT:
             what = f"{record.capacity} capacity for {record.instance_choice} did not come"
         self.note = (
@@ -366,14 +363,12 @@ class AttemptEngine:
         attempt = max((r.attempt for r in self.records), default=folded) + 1
         current = self.current
         if current and current[-1].interruption == MOVED_TO_SPOT and current[-1].state.terminal:
-            # moved back to spot at a checkpoint: the next attempt runs on spot (the preferred type first)
-            if isinstance(self.policy, Ladder):  # on the spot rung the job was last on (Ladder.move_target)
-                moved = self.policy.rung_after_move([r.rung for r in current], self.instance_types)
-                return Submit(
-                    attempt=attempt, capacity=SPOT, delay=delay, instance_type=moved.instance_type, rung=moved.rung
-                )
-            first = self.instance_types[0] if self.policy.instances is not None and self.instance_types else None
-            return Submit(attempt=attempt, capacity=SPOT, delay=delay, instance_type=first)
+            # moved back to spot at a checkpoint: the next attempt runs on spot (the preferred type first; on a
+            # ladder, on the spot rung the job was last on)
+            moved = self.policy.rung_after_move([r.rung for r in current], self.instance_types)
+            return Submit(
+                attempt=attempt, capacity=SPOT, delay=delay, instance_type=moved.instance_type, rung=moved.rung
+            )
         return Submit(
             attempt=attempt, capacity=rung.capacity, delay=delay, instance_type=rung.instance_type, rung=rung.rung
         )
@@ -386,12 +381,8 @@ class AttemptEngine:
     def spot_return_watch(self, record: AttemptRecord, instance_types: Sequence[str] = ()) -> dict[str, Any] | None:
         """What ``record``'s wait needs to watch spot capacity (``None``: nothing to watch; see
         :meth:`gpu_provider.capacity.SpotReturn.watch_for`)."""
-        spot_return = self.policy.spot_return
-        if spot_return is None:
-            return None
-        if isinstance(self.policy, Ladder):  # the spot rung a move would go to: its types, connection, region
-            return self.policy.spot_watch(record, self.current, instance_types or self.instance_types)
-        return spot_return.watch_for(record, self.current, instance_types or self.instance_types)
+        # on a ladder: the spot rung a move would go to (its types, connection, region)
+        return self.policy.spot_watch(record, self.current, instance_types or self.instance_types)
 
     def after_move(self, record: AttemptRecord) -> Step:
         """``record``'s attempt checkpointed and stopped because spot returned: the next attempt runs on spot."""
@@ -402,10 +393,7 @@ class AttemptEngine:
         saving = decision.get("saving_usd")
         why = str(decision.get("summary") or "spot capacity returned")
         worth = f"; estimated saving ${saving:.4f}" if isinstance(saving, (int, float)) else ""
-        on = f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity
-        rung = self.policy.rung(step.rung) if isinstance(self.policy, Ladder) else None
-        if rung is not None:  # a capacity ladder: the spot rung the job was last on
-            on = f"{rung.describe()} (ladder rung {step.rung})"
+        on = self._where(step)
         self.note = (
             f"{describe(self.backend_name, record)} checkpointed and stopped: {why}{worth}. Moving back to spot: "
             f"resubmitting on {on} (attempt {step.attempt}, planned move {moves} of at most {limit}; "
@@ -415,10 +403,15 @@ class AttemptEngine:
 
     def capacity_wait(self, record: AttemptRecord) -> float | None:
         """How long ``record``'s attempt may wait for capacity (the policy's, per capacity and instance type)."""
-        types = self.instance_types
-        if isinstance(self.policy, Ladder):  # the types of the attempt's own rung
-            types = self.policy.types_for(record.rung, self.instance_types)
+        types = self.policy.types_for(record.rung, self.instance_types)  # the types of the attempt's own rung
         return self.policy.capacity_wait_for(record.capacity, record.instance_choice, types)
+
+    def _where(self, step: Submit) -> str:
+        """Where ``step``'s attempt runs, for a note: its capacity and type, or its ladder rung."""
+        rung = self.policy.rung(step.rung)
+        if rung is not None:
+            return f"{rung.describe()} (ladder rung {step.rung})"
+        return f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity
 
     # --- hooks ---------------------------------------------------------------------------------
     def before_submit(self, step: Submit) -> None:
