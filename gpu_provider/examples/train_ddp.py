@@ -26,7 +26,9 @@ import argparse
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+import traceback
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from gpu_provider.examples._common import uri_to_path, write_json
 from gpu_provider.examples.train import HIDDEN, MOMENTUM, batch_indices, load_split
@@ -177,9 +179,37 @@ def main(argv: list[str] | None = None) -> int:
             log(rank, f"done: {total_steps} steps, final loss {final:.4f}")
         return 0
     finally:
-        with contextlib.suppress(Exception):
-            dist.destroy_process_group()
+        # the process group is NOT destroyed: see leave()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def leave(run: Callable[[], int]) -> NoReturn:
+    """Run ``run`` and end the process with its exit code at once, without the interpreter's teardown.
+
+    Tearing down a gloo process group can deadlock (seen with torch 2.13 on two nodes, unpaced): the main
+    thread, holding the GIL, destroys the group DDP's reducer holds and joins gloo's run-loop thread, while
+    that thread waits for the GIL to release a tensor. A rank that never exits holds its GPUs until the
+    task's timeout, so each rank leaves with ``os._exit`` once its work is done: every collective has
+    completed (the last step's stop-flag all-reduce, or the barrier after a stop checkpoint), rank 0's files
+    are written and closed, and the output is flushed. An error or ``SystemExit`` ends the same way, with the
+    code and message Python would give.
+    """
+    try:
+        code = run()
+    except SystemExit as stop:
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main)
