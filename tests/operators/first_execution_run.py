@@ -29,14 +29,13 @@ def main() -> None:
     first = dag.test(logical_date=datetime(2026, 1, 5, tzinfo=timezone.utc))
     run_id = first.run_id
 
-    from sqlalchemy import select
-
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import clear_task_instances
     from airflow.sdk.definitions.dag import _run_task
     from airflow.serialization.serialized_objects import DagSerialization
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState, TaskInstanceState
+    from sqlalchemy import select
 
     scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
     with create_session() as session:

@@ -145,7 +145,7 @@ class LookingUp(ScriptedBackend):
 
 
 @pytest.fixture
-def looking_up(scripted: type[ScriptedBackend]) -> type[LookingUp]:
+def looking_up(scripted: type[ScriptedBackend]) -> type[LookingUp]:  # noqa: F811 (the fixture, by name)
     LookingUp.lookup_started = threading.Event()
     LookingUp.lookup_waits_for = None
     LookingUp.lookups = []
