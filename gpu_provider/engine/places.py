@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from gpu_provider.backends.base import Backend, JobStatus, TaskKey
+from gpu_provider.backends.base import Backend, JobHandle, JobStatus, TaskKey
 from gpu_provider.records import AttemptRecord, AttemptSummary
 
 
@@ -34,18 +35,73 @@ def recover(
     An attempt whose end is known is not asked about again (the service may have forgotten it since,
     and a lost job must not replace what was known), nor is one folded into ``summary``.
     """
+    places = distinct_backends(backend, others)
+    return _refreshed(backend, places, _found_everywhere(places, task), stored, log, summary)
+
+
+def recover_at_start(
+    backend: Backend,
+    task: TaskKey,
+    read_store: Callable[[], tuple[list[AttemptRecord], AttemptSummary | None]],
+    log: Any,
+    *,
+    others: Sequence[Backend] = (),
+    first_execution: bool = False,
+    in_parallel: bool = True,
+) -> tuple[list[AttemptRecord], list[AttemptRecord], AttemptSummary | None]:
+    """:func:`recover` at the start of a try, reading the task state store only where it can hold something,
+    and never after the backend's lookup when it can be read during it. Returns the records, those read
+    from the store, and the store's summary.
+
+    ``read_store``: the task state store's records and summary (one round trip to Airflow's API server).
+    ``first_execution``: this is the first execution of its task instance (``execute()`` of try 1, never
+    rescheduled; see :func:`gpu_provider.operators._state.first_execution`), so the store holds nothing of
+    an earlier one and is not read, unless the backend's lookup finds an attempt of the task after all
+    (an earlier execution of this try exists, e.g. ``airflow tasks test`` re-running a task instance): then
+    it is read after the lookup. Otherwise the read runs in a thread while the lookups run here, so the
+    start pays the longer of the two, not their sum; ``in_parallel=False`` reads first, then looks up
+    (where the store may not be read from another thread).
+    The backend's lookup is the create-or-adopt authority in every case: it is always asked.
+    """
+    places = distinct_backends(backend, others)
+    if first_execution:
+        found = _found_everywhere(places, task)
+        stored, summary = read_store() if found else ([], None)
+    elif not in_parallel:
+        stored, summary = read_store()
+        found = _found_everywhere(places, task)
+    else:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-store-read") as pool:
+            reading = pool.submit(read_store)
+            found = _found_everywhere(places, task)
+            stored, summary = reading.result()
+    return _refreshed(backend, places, found, stored, log, summary), stored, summary
+
+
+def _found_everywhere(places: Sequence[Backend], task: TaskKey) -> list[tuple[Backend, JobHandle]]:
+    """Each backend's attempts of ``task`` (its lookup by identity), with the backend that found them."""
+    return [(place, h) for place in places for h in place.find_existing(task)]
+
+
+def _refreshed(
+    backend: Backend,
+    places: Sequence[Backend],
+    found: Sequence[tuple[Backend, JobHandle]],
+    stored: list[AttemptRecord],
+    log: Any,
+    summary: AttemptSummary | None,
+) -> list[AttemptRecord]:
+    """The stored records and those ``found`` that the store does not know, each open one refreshed."""
     known = {r.job_id for r in stored}
     folded = (summary.last_attempt or 0) if summary else 0
     records = list(stored)
-    places = distinct_backends(backend, others)
-    for place in places:
-        for h in place.find_existing(task):
-            if h.job_id not in known and h.attempt > folded:
-                known.add(h.job_id)
-                record = AttemptRecord.new(h)
-                if place is not backend:  # found on a rung's own backend: its later reads go there
-                    record.backend_spec, record.service = place.spec(), place.service or None
-                records.append(record)
+    for place, h in found:
+        if h.job_id not in known and h.attempt > folded:
+            known.add(h.job_id)
+            record = AttemptRecord.new(h)
+            if place is not backend:  # found on a rung's own backend: its later reads go there
+                record.backend_spec, record.service = place.spec(), place.service or None
+            records.append(record)
     records.sort(key=lambda r: (r.attempt, r.handle.submitted_at))
     open_records = [r for r in records if not r.state.terminal]
     statuses = poll_where_they_run(open_records, lambda r: backend_of(backend, r, places))

@@ -3,6 +3,7 @@ checkpoint to resume from, and the job's output on the asset events it emits."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -27,6 +28,39 @@ def stored_records(context: Context, log: Any) -> tuple[list[AttemptRecord], Att
     except Exception as err:  # the store is an optimisation; the backend lookup still works
         log.warning("Could not read the task state store (%s); asking the backend instead.", err)
         return [], None
+
+
+def first_execution(context: Context) -> bool:
+    """Whether this ``execute()`` is the first execution of its task instance, so that the task state store
+    can hold no attempt record of an earlier one: try 1, never rescheduled.
+
+    Airflow 3.3 scopes the store by (dag_id, run_id, task_id, map_index), across tries; every later
+    execution of a task instance runs under a higher try number (the scheduler adds one to it each time it
+    schedules the task instance, after a failure, a retry or a clear; only a reschedule keeps it, and
+    ``task_reschedule_count`` counts those), and a resume from a deferral enters ``next_method``, not
+    ``execute()``. The lines of Airflow this rests on are in the docs (explanations, reattach);
+    ``tests/operators/test_first_execution.py`` checks them against the installed Airflow.
+    """
+    ti = context.get("ti")
+    try_number = getattr(ti, "try_number", None)
+    return isinstance(try_number, int) and try_number == 1 and not context.get("task_reschedule_count")
+
+
+def store_reads_in_parallel() -> bool:
+    """Whether the task state store may be read from a thread while the task talks to the services.
+
+    Airflow's task runner sends its messages to the supervisor through a ``CommsDecoder``, which holds a
+    lock around each request and its answer, so a read from another thread waits its turn. ``dag.test()``
+    replaces it with an in-process stand-in without a lock (it also unsets the runner's comms while it
+    answers), where two threads could take each other's answers: there the store is read first, alone.
+    """
+    task_runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
+    comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
+    if comms is None:  # not under Airflow's task runner: the store is the caller's own
+        return True
+    from airflow.sdk.execution_time.comms import CommsDecoder
+
+    return isinstance(comms, CommsDecoder)
 
 
 def persist_records(context: Context, records: list[AttemptRecord], summary: AttemptSummary | None, log: Any) -> None:

@@ -27,6 +27,7 @@ from gpu_provider.backends.base import (
 )
 from gpu_provider.capacity import CapacityPolicy, Ladder, resolve_capacity, validate_instance_fallback
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
+from gpu_provider.engine.places import recover_at_start
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
 from gpu_provider.engine.watch import ENDED
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
@@ -53,7 +54,14 @@ from gpu_provider.operators._fields import (
 )
 from gpu_provider.operators._ladder import ladder_backend, rung_place, rung_places, validate_rungs
 from gpu_provider.operators._plan import Plan, attempt_request
-from gpu_provider.operators._state import describe_outlets, latest_checkpoint, persist_records, stored_records
+from gpu_provider.operators._state import (
+    describe_outlets,
+    first_execution,
+    latest_checkpoint,
+    persist_records,
+    store_reads_in_parallel,
+    stored_records,
+)
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
 from gpu_provider.spend.budget import SpendControl, check_max_cost
 from gpu_provider.spend.ended import record_end
@@ -289,8 +297,15 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     # ------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
-        stored, summary = stored_records(context, self.log)
-        found = recover(plan.backend, self._task_key(context), stored, self.log, summary, others=plan.rungs)
+        found, stored, summary = recover_at_start(
+            plan.backend,
+            self._task_key(context),
+            lambda: stored_records(context, self.log),
+            self.log,
+            others=plan.rungs,
+            first_execution=first_execution(context),
+            in_parallel=store_reads_in_parallel(),
+        )
         runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
         step = runner.engine.resume()

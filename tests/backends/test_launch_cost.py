@@ -10,9 +10,11 @@ its submit.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -228,3 +230,38 @@ def test_kubernetes_api_objects_are_shared_until_the_kubeconfig_changes(
     rotated = Api("kubernetes_default").core
     assert rotated is not first
     assert rotated.api_client.configuration.api_key["BearerToken"] == "Bearer token-2"
+
+
+def _counting_nvidia_smi(path: Path, calls_file: Path, devices: str) -> str:
+    path.write_text(f"#!/bin/sh\necho x >> {calls_file}\nprintf '{devices}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_nvidia_smi_is_asked_once_a_minute_per_host_not_once_per_launch(tmp_path: Path) -> None:
+    """Each local launch used to run nvidia-smi before its job could start (tens of ms on a GPU machine):
+    one reading now serves every task process of the host for a minute, unless the binary changes."""
+    from gpu_provider.backends.local import LocalBackend, common, gpus
+
+    calls_file, state = tmp_path / "smi-calls", tmp_path / "state"
+    smi = _counting_nvidia_smi(tmp_path / "nvidia-smi", calls_file, "0\\n1\\n")
+
+    def launch_in_a_new_task_process(i: int) -> list[int]:
+        backend = LocalBackend(state_dir=str(state), gpus="auto", nvidia_smi=smi)  # a new object, as a task's
+        request = dataclasses.replace(_request(f"gpus{i}", 1), resources=GpuResources(gpus=0.1))
+        handle = backend.submit(request)
+        record = json.loads((Path(handle.extra["job_dir"]) / common.REQUEST_FILE).read_text())
+        return list(record["gpu_devices"])
+
+    assert launch_in_a_new_task_process(0) == [0, 1]
+    assert launch_in_a_new_task_process(1) == [0, 1]
+    assert len(calls_file.read_text().splitlines()) == 1, "the second launch reads the host's kept answer"
+    assert (state / f"gpus-{socket.gethostname()}.json").stat().st_mode & 0o077 == 0
+
+    # a new binary (a driver upgrade) is asked again, at once
+    _counting_nvidia_smi(tmp_path / "nvidia-smi", calls_file, "0\\n")
+    assert launch_in_a_new_task_process(2) == [0]
+    assert len(calls_file.read_text().splitlines()) == 2
+    # and a reading older than the limit is not used
+    assert gpus.detected_gpus(smi, state, max_age_s=0.0) == ([0], None)
+    assert len(calls_file.read_text().splitlines()) == 3

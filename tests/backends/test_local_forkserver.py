@@ -139,6 +139,11 @@ def task(name: str) -> TaskKey:
     return TaskKey(TASK.dag_id, name, TASK.run_id)
 
 
+def children(pid: int) -> list[int]:
+    """The live child processes of ``pid`` (a fork server's: its waiting spare, the supervisors it forked)."""
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split() if running(int(c))]
+
+
 # --- parity --------------------------------------------------------------------------------------
 
 
@@ -297,6 +302,7 @@ def test_a_forked_job_is_cancelled_like_a_spawned_one(served: tuple[Served, Loca
 def test_a_server_of_other_code_is_not_used(served: tuple[Served, Local], monkeypatch: pytest.MonkeyPatch) -> None:
     server, local = served
     server_pid = server.start()
+    waiting = wait_for("the server's spare", lambda: children(server_pid))  # forked ahead of any request
     # asked directly for another hash: refused, nothing forked
     with pytest.raises(forkserver.Refused, match="this server runs other code"):
         forkserver.request_start(
@@ -313,8 +319,7 @@ def test_a_server_of_other_code_is_not_used(served: tuple[Served, Local], monkey
     seen = read_probe(local.tmp / "out.json")
     assert seen["sup"]["ppid"] == os.getpid()  # spawned by this process
     assert local.wait(handle).state is JobState.SUCCEEDED
-    children = Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split()
-    assert children == []
+    assert children(server_pid) == waiting, "nothing but its waiting spare: no request reached it"
     # the server started for that name saw the source on disk is not what it was asked for, and did not serve
     other = forkserver.server_name("1" * 64)
     log_file = server.folder / f"{other}.log"
@@ -458,3 +463,36 @@ def test_the_server_exits_when_idle_or_when_its_socket_is_gone(tmp_path: Path) -
         assert not (gone.folder / f"{gone.name}.json").exists()
     finally:
         gone.stop()
+
+
+# --- the spare: the next supervisor forked ahead of its request ---------------------------------------
+
+
+def test_a_launch_is_answered_by_the_spare_forked_before_it(served: tuple[Served, Local]) -> None:
+    """The fork is off the launch path: the server forks the next request's child while nobody waits, and
+    that child becomes the supervisor (the same parity as one forked on demand: see the parity test)."""
+    server, local = served
+    server_pid = server.start()
+    (spare,) = wait_for("the server's spare", lambda: children(server_pid))
+    handle = local.submit(probe(local.tmp / "out.json"), task=task("spare"))
+    seen = read_probe(local.tmp / "out.json")
+    assert seen["sup"]["pid"] == spare and ppid(spare) == server_pid
+    assert seen["sup"]["sid"] == spare == seen["sup"]["pgid"]  # its own session, as a spawned supervisor's
+    assert local.wait(handle).state is JobState.SUCCEEDED
+    (following,) = wait_for("the next spare", lambda: [c for c in children(server_pid) if c != spare] or None)
+    # the server gone (killed: no word to anyone), its waiting spare reads EOF and exits, having started nothing
+    os.kill(server_pid, signal.SIGKILL)
+    wait_for("the spare gone with its server", lambda: not running(following))
+
+
+def test_a_dead_spare_costs_neither_the_job_nor_a_second_one(served: tuple[Served, Local]) -> None:
+    server, local = served
+    server_pid = server.start()
+    (spare,) = wait_for("the server's spare", lambda: children(server_pid))
+    os.kill(spare, signal.SIGKILL)
+    wait_for("the spare gone", lambda: spare not in children(server_pid))
+    handle = local.submit(probe(local.tmp / "out.json"), task=task("dead-spare"))
+    seen = read_probe(local.tmp / "out.json")
+    assert seen["sup"]["pid"] != spare and ppid(seen["sup"]["pid"]) == server_pid  # forked on demand
+    assert local.wait(handle).state is JobState.SUCCEEDED
+    assert [h.job_id for h in local.backend.list_jobs()] == [handle.job_id], "one job"

@@ -27,7 +27,7 @@ from gpu_provider.backends.base import (
 from gpu_provider.backends.common import check_owner_try
 from gpu_provider.backends.local import common, control, folders, launch, lookups
 from gpu_provider.backends.local.folders import this_host
-from gpu_provider.backends.local.gpus import NVIDIA_MODELS, detect_gpu_models, detect_gpus
+from gpu_provider.backends.local.gpus import NVIDIA_MODELS, detect_gpu_models, detected_gpus
 from gpu_provider.backends.local.logs import read_log, read_tail
 from gpu_provider.backends.local.options import (
     default_run_as_user,
@@ -203,7 +203,7 @@ class LocalBackend(Backend):
     def _devices(self) -> list[int]:
         """The GPUs jobs may use; logs once per process when there are none."""
         if isinstance(self.gpus, str):  # "auto"
-            devices, problem = detect_gpus(self.nvidia_smi)
+            devices, problem = detected_gpus(self.nvidia_smi, self.state_dir)  # one reading per minute and host
         else:
             devices = list(self.gpus)
             problem = None if devices else "gpus=[] configured"

@@ -23,6 +23,11 @@ Where it lives, and why it is safe to use:
   worker that falls back to a directly spawned supervisor never starts a second one.
 * The child's environment, cwd, umask, rlimits, signal dispositions, stdin/stdout/stderr and open
   files are set to what a directly spawned supervisor would have: see :func:`_become_supervisor`.
+* The fork is off the launch path: after each request (and once at start) the server forks a *spare*
+  that leaves the server at once and waits on a channel of its own; the next request's connection (its
+  descriptor, ``SCM_RIGHTS``) and request go to it, and it goes on as a child forked on demand does. It
+  answers on the connection only once it has the whole request, and exits (having started nothing) when
+  its channel closes; when it cannot take a request the server forks on demand.
 
 Standard library only: the server imports nothing of Airflow.
 """
@@ -269,6 +274,8 @@ class Server:
         self.lock_fd = -1
         self.wake_r = self.wake_w = -1
         self.sock_ino: int | None = None
+        #: the next request's supervisor, forked ahead of it and waiting: (pid, the server's end of its channel)
+        self.spare: tuple[int, socket.socket] | None = None
 
     # -- life
 
@@ -319,6 +326,7 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes select: children are reaped at once
         last = time.monotonic()
         try:
+            self._fork_spare()
             while True:
                 _reap()
                 idle = time.monotonic() - last
@@ -341,10 +349,12 @@ class Server:
                     last = time.monotonic()
                     with conn:
                         self.handle(conn)
+                    self._fork_spare()  # after the answer: the next launch's fork is off its path
         finally:
             self.close()
 
     def close(self) -> None:
+        self._drop_spare()
         if self.listener is not None:
             if self.socket_is_mine():
                 with contextlib.suppress(OSError):
@@ -368,6 +378,8 @@ class Server:
                 _send(conn, {"refused": problem})
                 return
         except (OSError, EOFError, ValueError, struct.error):
+            return
+        if self._hand_to_spare(conn, request):
             return
         sys.stdout.flush()
         sys.stderr.flush()
@@ -399,9 +411,85 @@ class Server:
                     return f"resource limit {key}: the worker's hard limit {hard} is above this server's {have}"
         return ""
 
+    # -- the spare: a child forked ahead of the next request, waiting for it
+
+    def _fork_spare(self) -> None:
+        """Fork the next request's child now, while nobody waits: it leaves the server at once and waits on
+        a channel of its own for a connection and its request (then it is what :meth:`_child` is). It starts
+        nothing before that, and exits when the channel closes (this server exits or drops it)."""
+        if self.spare is not None or self.stop or self.why:
+            return
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            return  # the next request forks on demand
+        if pid == 0:
+            code = 1
+            try:
+                ours.close()
+                code = self._spare(theirs)
+            finally:
+                os._exit(code)
+        theirs.close()
+        self.spare = (pid, ours)
+
+    def _drop_spare(self) -> None:
+        if self.spare is not None:
+            self.spare[1].close()  # the spare reads EOF and exits, having started nothing
+            self.spare = None
+
+    def _hand_to_spare(self, conn: socket.socket, request: Mapping[str, Any]) -> bool:
+        """Give ``conn`` and its request to the spare; ``False`` when it cannot take them (it died, or the
+        hand-over broke off): then the caller forks on demand, and the spare, which answers on ``conn`` only
+        once it has the whole request, reads EOF on its channel and exits having sent nothing."""
+        if self.spare is None:
+            return False
+        _pid, channel = self.spare
+        self.spare = None
+        try:
+            channel.settimeout(IO_TIMEOUT_S)
+            socket.send_fds(channel, [b"c"], [conn.fileno()])
+            _send(channel, request)
+            return True
+        except OSError:
+            return False
+        finally:
+            channel.close()
+
+    def _spare(self, channel: socket.socket) -> int:
+        """In the spare: leave the server, then wait for the connection and its request."""
+        try:
+            self._leave_server(channel)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)  # a signal to a waiting spare ends it (no server handler)
+            _, fds, _, _ = socket.recv_fds(channel, 1, 1)
+            if not fds:
+                return 0  # the server is gone or dropped this spare: nothing was asked
+            conn = socket.socket(fileno=fds[0])
+            request = _recv(channel)
+        except BaseException:
+            return 0
+        channel.close()
+        conn.settimeout(IO_TIMEOUT_S)
+        return self._serve(conn, request)
+
     def _child(self, conn: socket.socket, request: Mapping[str, Any]) -> int:
         try:
             self._leave_server(conn)
+        except BaseException as err:  # nothing started: the worker spawns the supervisor itself
+            with contextlib.suppress(BaseException):
+                _send(conn, {"refused": f"the forked child could not set itself up: {type(err).__name__}: {err}"})
+            return 1
+        return self._serve(conn, request)
+
+    def _serve(self, conn: socket.socket, request: Mapping[str, Any]) -> int:
+        """In the forked child (on demand, or the spare): become the supervisor ``request`` asks for."""
+        try:
             job_dir = Path(request["job_dir"])
             _become_supervisor(job_dir, request, keep_fd=conn.fileno())
             me = os.getpid()

@@ -15,7 +15,10 @@ import contextlib
 import fcntl
 import math
 import os
+import shutil
+import socket
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +58,57 @@ def detect_gpus(nvidia_smi: str, *, timeout: float = 10.0) -> tuple[list[int], s
     if not indices:
         return [], f"{nvidia_smi} listed no devices"
     return sorted(set(indices)), None
+
+
+#: how long one ``nvidia-smi`` reading serves the later launches of a state directory on this host (seconds)
+DETECTION_MAX_AGE_S = 60.0
+
+
+def detected_gpus(
+    nvidia_smi: str, state_dir: Path, *, max_age_s: float = DETECTION_MAX_AGE_S
+) -> tuple[list[int], str | None]:
+    """:func:`detect_gpus`, its reading kept for ``max_age_s`` in ``<state_dir>/gpus-<host>.json`` (0600).
+
+    ``nvidia-smi`` starts the NVIDIA management library on every call: on a GPU machine that is tens of ms
+    (more without persistence mode), paid before each job's process could start. Every task process of
+    the host reads the kept answer instead, while it is younger than ``max_age_s``, was read with the same
+    binary (path, inode, size and mtime: a driver upgrade reads again) and on this host. A reading that
+    old is what a job started that long ago used, and a device that fails meanwhile fails its job as it
+    would fail a running one (a node fault). When the file cannot be written, the next launch asks again.
+    """
+    binary = _binary_identity(nvidia_smi)
+    host = socket.gethostname()
+    path = state_dir / f"gpus-{host}.json"
+    now = time.time()
+    kept = read_json(path)
+    if (
+        kept is not None
+        and kept.get("nvidia_smi") == nvidia_smi
+        and kept.get("binary") == binary
+        and kept.get("host") == host
+        and isinstance(kept.get("at"), (int, float))
+        and 0 <= now - kept["at"] < max_age_s
+        and isinstance(kept.get("devices"), list)
+    ):
+        return [int(d) for d in kept["devices"]], kept.get("problem")
+    devices, problem = detect_gpus(nvidia_smi)
+    reading = {"nvidia_smi": nvidia_smi, "binary": binary, "host": host, "at": now, "devices": devices}
+    with contextlib.suppress(OSError):
+        write_json_atomic(path, {**reading, "problem": problem})
+    return devices, problem
+
+
+def _binary_identity(nvidia_smi: str) -> list[Any] | None:
+    """The binary ``nvidia_smi`` names now (found on ``PATH`` as :func:`detect_gpus` runs it), as
+    ``[path, inode, size, mtime_ns]``; ``None`` when there is none."""
+    found = shutil.which(nvidia_smi, path=minimal_env().get("PATH"))
+    if found is None:
+        return None
+    try:
+        info = os.stat(found)
+    except OSError:
+        return None
+    return [os.path.realpath(found), info.st_ino, info.st_size, info.st_mtime_ns]
 
 
 #: the GPU models :func:`gpu_model` recognises in an ``nvidia-smi`` name (``resources.gpu_type`` spellings)
