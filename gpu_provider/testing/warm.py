@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import hashlib
 import importlib
 import json
@@ -333,6 +334,9 @@ def _read_line(connection: socket.socket, timeout: float | None) -> tuple[bytes,
 def serve(address: str) -> None:
     """Warm up, then fork a child per request until stdin closes (the test process is gone)."""
     _warm_up()
+    # what the warm-up made lives as long as the server: out of the collector's sight, so that a run's full
+    # collections do not walk (and copy, page by page, from the server) the million objects it inherits
+    gc.freeze()
     if threading.active_count() > 1:  # forking a process with threads is not safe: refuse, runs start fresh
         raise SystemExit(f"warm-up left threads running ({threading.enumerate()}); not forking from here")
     wake_read, wake_write = os.pipe()

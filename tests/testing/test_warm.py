@@ -18,6 +18,7 @@ from gpu_provider.testing.dagrun import pid_alive, wait_for
 from tests.harness import Harness
 
 PROBE_DAG = """
+import gc
 import os
 from airflow.sdk import DAG, Variable
 from airflow.providers.standard.operators.python import PythonOperator
@@ -30,6 +31,7 @@ def probe():
         "token": Variable.get("token"),
         "env_token": os.environ.get("AIRFLOW_VAR_TOKEN"),
         "other": os.environ.get("OTHER_RUN_ONLY"),
+        "frozen": gc.get_freeze_count(),
     }
 
 with DAG(dag_id="probe", schedule=None) as dag:
@@ -66,6 +68,9 @@ def test_a_warm_run_is_its_own_process_with_its_own_environment(harness: Harness
     assert first.task("probe")["state"] == "success", first.log[-3000:]
     assert seen["pid"] == seen["pgid"] == proc.pid, "a session and process group of its own"
     assert (seen["token"], seen["env_token"], seen["other"]) == ("tok-first-7f3a", "tok-first-7f3a", "x")
+    # what the server's warm-up made is frozen: the run's collections do not walk it (Airflow's imports: far more
+    # than 100,000 objects)
+    assert seen["frozen"] > 100_000, seen["frozen"]
 
     # the next run, from the same server, sees its own values and nothing the first run was given
     second = harness.run(
