@@ -329,14 +329,18 @@ class Interrupter:
                     self.done.append((str(task), job.handle.attempt, job.handle.job_id))
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` every 50 ms until it returns something true (returned), else fail after ``timeout``."""
+def wait_for(
+    predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition", *, interval: float = 0.05
+) -> Any:
+    """Poll ``predicate`` every ``interval`` seconds (50 ms unless told) until it returns something true (returned),
+    else fail after ``timeout``. A predicate that asks a server (a REST call, a DB query) costs that server CPU on
+    every poll: such waits poll less often."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 

@@ -22,15 +22,15 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.harness import REPO, wait_for
-from tests.integration.test_real_airflow import _answers, _free_ports
+from tests.harness import REPO
+from tests.integration.test_real_airflow import _answers, _free_ports, wait_for
 from tests.system_packages import ensure
 
 HERE = Path(__file__).parent
@@ -84,20 +84,24 @@ class Postgres:
     data: Path
     bin: Path
     as_user: list[str]
+    _connections: threading.local = field(default_factory=threading.local, repr=False)
 
     @property
     def url(self) -> str:
         return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/airflow"
 
     def query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+        """One query, on this thread's connection (autocommit: each query sees what is committed now). A
+        connection per query made PostgreSQL start a backend process for each of the waits' and the sampler's
+        many reads; the connections end with the cluster (stopped in ``immediate`` mode)."""
         import psycopg2
 
-        with (
-            contextlib.closing(
-                psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="airflow")
-            ) as c,
-            c.cursor() as cur,
-        ):
+        connection = getattr(self._connections, "connection", None)
+        if connection is None or connection.closed:
+            connection = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="airflow")
+            connection.autocommit = True
+            self._connections.connection = connection
+        with connection.cursor() as cur:
             cur.execute(sql, args)
             return list(cur.fetchall())
 

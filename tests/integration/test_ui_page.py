@@ -34,7 +34,8 @@ from typing import Any
 
 import pytest
 
-from tests.harness import Harness, wait_for
+from tests.harness import Harness
+from tests.integration.test_real_airflow import wait_for
 from tests.system_packages import ensure
 
 REPO = Path(__file__).resolve().parents[2]
