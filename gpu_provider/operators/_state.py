@@ -4,9 +4,10 @@ checkpoint to resume from, and the job's output on the asset events it emits."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from gpu_provider.engine.places import recover_at_start
 from gpu_provider.names import STATE_KEY
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from pydantic import JsonValue
 
-    from gpu_provider.backends.base import Backend
+    from gpu_provider.backends.base import Backend, TaskKey
 
 
 def stored_records(context: Context, log: Any) -> tuple[list[AttemptRecord], AttemptSummary | None]:
@@ -28,6 +29,24 @@ def stored_records(context: Context, log: Any) -> tuple[list[AttemptRecord], Att
     except Exception as err:  # the store is an optimisation; the backend lookup still works
         log.warning("Could not read the task state store (%s); asking the backend instead.", err)
         return [], None
+
+
+def attempts_at_start(
+    context: Context, backend: Backend, task: TaskKey, rungs: Sequence[Backend], log: Any
+) -> tuple[list[AttemptRecord], list[AttemptRecord], AttemptSummary | None]:
+    """The task's attempts when ``execute()`` starts: what the backends' lookups find (on every rung's backend)
+    and the task state store holds, the store read only where it can hold something and while the lookup runs
+    where it may be (:func:`gpu_provider.engine.places.recover_at_start`). Returns the records, those read from
+    the store, and the store's summary."""
+    return recover_at_start(
+        backend,
+        task,
+        lambda: stored_records(context, log),
+        log,
+        others=rungs,
+        first_execution=first_execution(context),
+        in_parallel=store_reads_in_parallel(),
+    )
 
 
 def first_execution(context: Context) -> bool:

@@ -27,7 +27,6 @@ from gpu_provider.backends.base import (
 )
 from gpu_provider.capacity import CapacityPolicy, Ladder, resolve_capacity, validate_instance_fallback
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
-from gpu_provider.engine.places import recover_at_start
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
 from gpu_provider.engine.watch import ENDED
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
@@ -55,11 +54,10 @@ from gpu_provider.operators._fields import (
 from gpu_provider.operators._ladder import ladder_backend, rung_place, rung_places, validate_rungs
 from gpu_provider.operators._plan import Plan, attempt_request
 from gpu_provider.operators._state import (
+    attempts_at_start,
     describe_outlets,
-    first_execution,
     latest_checkpoint,
     persist_records,
-    store_reads_in_parallel,
     stored_records,
 )
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
@@ -297,15 +295,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     # ------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
-        found, stored, summary = recover_at_start(
-            plan.backend,
-            self._task_key(context),
-            lambda: stored_records(context, self.log),
-            self.log,
-            others=plan.rungs,
-            first_execution=first_execution(context),
-            in_parallel=store_reads_in_parallel(),
-        )
+        found, stored, summary = attempts_at_start(context, plan.backend, self._task_key(context), plan.rungs, self.log)
         runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
         step = runner.engine.resume()

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_provider.backends.local import common
+from gpu_provider.backends.local.frames import peer_uid, recv, send
 
 #: the modules a fork server has imported when it serves (their source is in its name's hash)
 SERVED_MODULES = (
@@ -62,13 +63,12 @@ SERVED_MODULES = (
     "backends/local/gpus.py",
     "backends/local/supervisor.py",
     "backends/local/forkserver.py",
+    "backends/local/frames.py",
 )
 #: what ``python -m`` runs for the server
 SERVER_MODULE = "gpu_provider.backends.local.forkserver"
 #: the folder under the state directory
 FOLDER = "forkserver"
-#: the most bytes of one message (a request, a reply, the job's environment)
-_MAX_FRAME = 64 * 1024 * 1024
 #: how long either end waits for the other within one request
 IO_TIMEOUT_S = 5.0
 #: how long a forked child waits for the job's environment after sending its pid (then it starts nothing)
@@ -138,36 +138,6 @@ def socket_address(folder: Path, name: str, folder_fd: int) -> str:
     return f"/proc/self/fd/{folder_fd}/{name}.sock"
 
 
-def _send(conn: socket.socket, data: Mapping[str, Any]) -> None:
-    raw = json.dumps(data).encode("utf-8")
-    conn.sendall(struct.pack(">I", len(raw)) + raw)
-
-
-def _recv_exact(conn: socket.socket, size: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < size:
-        piece = conn.recv(min(size - len(chunks), 1 << 20))
-        if not piece:
-            raise EOFError(f"the connection closed after {len(chunks)} of {size} bytes")
-        chunks += piece
-    return bytes(chunks)
-
-
-def _recv(conn: socket.socket) -> dict[str, Any]:
-    (size,) = struct.unpack(">I", _recv_exact(conn, 4))
-    if size > _MAX_FRAME:
-        raise ValueError(f"a message of {size} bytes (at most {_MAX_FRAME})")
-    data = json.loads(_recv_exact(conn, size))
-    if not isinstance(data, dict):
-        raise ValueError("a message that is not a JSON object")
-    return data
-
-
-def _peer_uid(conn: socket.socket) -> int:
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", raw)[1])
-
-
 def open_folder(state_dir: Path) -> int:
     """``<state_dir>/forkserver``, created 0700 if missing, opened (the fd); refused unless it is a folder
     of this user that nobody else can enter."""
@@ -233,10 +203,10 @@ def request_start(
         except OSError as err:
             raise Refused(f"could not reach the fork server at {address}: {err}") from err
         try:
-            if _peer_uid(conn) != os.geteuid():
+            if peer_uid(conn) != os.geteuid():
                 raise Refused(f"the fork server at {address} runs as another user")
-            _send(conn, {"hash": code_hash, "job_dir": str(job_dir), "env": dict(env), **caller_context()})
-            reply = _recv(conn)
+            send(conn, {"hash": code_hash, "job_dir": str(job_dir), "env": dict(env), **caller_context()})
+            reply = recv(conn)
         except (OSError, EOFError, ValueError, struct.error) as err:
             raise Refused(f"no answer from the fork server at {address}: {err}") from err
         if "pid" not in reply:
@@ -245,7 +215,7 @@ def request_start(
         pid_start = reply.get("pid_start")
         try:
             on_pid(pid, pid_start)
-            _send(conn, secrets_payload)
+            send(conn, secrets_payload)
             conn.shutdown(socket.SHUT_WR)
         except (OSError, ValueError) as err:
             # the child has not got its whole environment: it exits without starting anything; make sure
@@ -370,12 +340,12 @@ class Server:
     def handle(self, conn: socket.socket) -> None:
         conn.settimeout(IO_TIMEOUT_S)
         try:
-            if _peer_uid(conn) != os.geteuid():
+            if peer_uid(conn) != os.geteuid():
                 return  # another user: no answer at all
-            request = _recv(conn)
+            request = recv(conn)
             problem = self.check(request)
             if problem:
-                _send(conn, {"refused": problem})
+                send(conn, {"refused": problem})
                 return
         except (OSError, EOFError, ValueError, struct.error):
             return
@@ -387,7 +357,7 @@ class Server:
             pid = os.fork()
         except OSError as err:
             with contextlib.suppress(OSError):
-                _send(conn, {"refused": f"fork failed: {err}"})
+                send(conn, {"refused": f"fork failed: {err}"})
             return
         if pid == 0:  # the child: never returns into the server's loop
             code = 1
@@ -454,7 +424,7 @@ class Server:
         try:
             channel.settimeout(IO_TIMEOUT_S)
             socket.send_fds(channel, [b"c"], [conn.fileno()])
-            _send(channel, request)
+            send(channel, request)
             return True
         except OSError:
             return False
@@ -471,7 +441,7 @@ class Server:
             if not fds:
                 return 0  # the server is gone or dropped this spare: nothing was asked
             conn = socket.socket(fileno=fds[0])
-            request = _recv(channel)
+            request = recv(channel)
         except BaseException:
             return 0
         channel.close()
@@ -483,7 +453,7 @@ class Server:
             self._leave_server(conn)
         except BaseException as err:  # nothing started: the worker spawns the supervisor itself
             with contextlib.suppress(BaseException):
-                _send(conn, {"refused": f"the forked child could not set itself up: {type(err).__name__}: {err}"})
+                send(conn, {"refused": f"the forked child could not set itself up: {type(err).__name__}: {err}"})
             return 1
         return self._serve(conn, request)
 
@@ -495,13 +465,13 @@ class Server:
             me = os.getpid()
         except BaseException as err:  # nothing started: the worker spawns the supervisor itself
             with contextlib.suppress(BaseException):
-                _send(conn, {"refused": f"the forked child could not set itself up: {type(err).__name__}: {err}"})
+                send(conn, {"refused": f"the forked child could not set itself up: {type(err).__name__}: {err}"})
             return 1
         try:
-            _send(conn, {"pid": me, "pid_start": common.process_start_time(me)})
+            send(conn, {"pid": me, "pid_start": common.process_start_time(me)})
             # the worker records this pid first; a worker that dies closes the connection (EOF at once)
             conn.settimeout(_SECRETS_TIMEOUT_S)
-            secrets = _recv(conn)
+            secrets = recv(conn)
         except BaseException:
             return 0  # the worker did not hand over the job's environment: start nothing
         conn.close()
