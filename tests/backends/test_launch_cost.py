@@ -265,3 +265,16 @@ def test_nvidia_smi_is_asked_once_a_minute_per_host_not_once_per_launch(tmp_path
     # and a reading older than the limit is not used
     assert gpus.detected_gpus(smi, state, max_age_s=0.0) == ([0], None)
     assert len(calls_file.read_text().splitlines()) == 3
+
+    # a binary that fails (a timeout under load, a driver hiccup) is not kept: the next launch asks again
+    failing = tmp_path / "failing-smi"
+    failing.write_text(f"#!/bin/sh\necho x >> {calls_file}\necho 'NVML: driver not loaded' >&2\nexit 9\n")
+    failing.chmod(0o755)
+    for expected_calls in (4, 5):
+        devices, problem = gpus.detected_gpus(str(failing), state)
+        assert devices == [] and problem is not None and "code 9" in problem, problem
+        assert len(calls_file.read_text().splitlines()) == expected_calls
+    # no binary at all is kept (installing one changes what the reading was made with)
+    assert gpus.detected_gpus(str(tmp_path / "absent-smi"), state)[0] == []
+    kept = json.loads((state / f"gpus-{socket.gethostname()}.json").read_text())
+    assert kept["binary"] is None and kept["nvidia_smi"] == str(tmp_path / "absent-smi")

@@ -74,7 +74,10 @@ def detected_gpus(
     the host reads the kept answer instead, while it is younger than ``max_age_s``, was read with the same
     binary (path, inode, size and mtime: a driver upgrade reads again) and on this host. A reading that
     old is what a job started that long ago used, and a device that fails meanwhile fails its job as it
-    would fail a running one (a node fault). When the file cannot be written, the next launch asks again.
+    would fail a running one (a node fault). Kept: a reading that found devices, or that found no binary
+    (installing one changes its identity). Not kept: a binary that failed (timed out, exited non-zero,
+    printed no index), so one bad answer does not leave the host without GPUs for ``max_age_s``. When the
+    file cannot be written, the next launch asks again.
     """
     binary = _binary_identity(nvidia_smi)
     host = socket.gethostname()
@@ -92,6 +95,8 @@ def detected_gpus(
     ):
         return [int(d) for d in kept["devices"]], kept.get("problem")
     devices, problem = detect_gpus(nvidia_smi)
+    if problem is not None and binary is not None:
+        return devices, problem  # a binary that failed (a timeout under load, a driver hiccup): asked again next time
     reading = {"nvidia_smi": nvidia_smi, "binary": binary, "host": host, "at": now, "devices": devices}
     with contextlib.suppress(OSError):
         write_json_atomic(path, {**reading, "problem": problem})
