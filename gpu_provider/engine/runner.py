@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Wait, describe
-from gpu_provider.engine.calls import cancel_within, poll_one, read_owner
+from gpu_provider.engine.calls import cancel_within, poll_one, read_owner, until_ended
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.places import backend_of, poll_where_they_run, recover
 from gpu_provider.engine.spot_moves import move_to_spot, spot_watch
@@ -372,8 +372,9 @@ class AttemptRunner:
             if not self.cancel(record, reason):
                 self.stop.wait(self.cancel_retry_s)
                 return Wait(record)
+            ended_at = until_ended(self.backend_for(record), record.handle, self.stop, self.log)  # it checkpoints
             stopped = JobStatus.from_dict(
-                {**status.to_dict(), "state": JobState.CANCELLED.value, "reason": reason, "ended_at": time.time()}
+                {**status.to_dict(), "state": JobState.CANCELLED.value, "reason": reason, "ended_at": ended_at}
             )
             engine.saw(record, stopped)
             record.interruption = names.PREEMPTED

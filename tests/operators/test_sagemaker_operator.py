@@ -101,6 +101,12 @@ def test_two_node_spot_job_interrupted_once_resumes_on_demand_from_its_checkpoin
     assert resumed.startswith("file:///opt/ml/checkpoints/ckpt-"), resumed
     (stop,) = sagemaker.bodies("StopTrainingJob")
     assert stop == {"TrainingJobName": first["name"]}
+    # the on-demand job was created only once the stopped one had ended (it checkpoints as it stops: both
+    # nodes of the next job must resume from that checkpoint, and two jobs never bill side by side)
+    client = sagemaker.emulator.client("sagemaker")
+    stopped, created = (client.describe_training_job(TrainingJobName=a["name"]) for a in (first, second))
+    assert stopped["TrainingJobStatus"] == "Stopped", stopped["TrainingJobStatus"]
+    assert stopped["TrainingEndTime"] <= created["CreationTime"], (stopped["TrainingEndTime"], created["CreationTime"])
 
     # the training program's own step counter: the on-demand job started where the spot job's checkpoint was
     history = json.loads((out / "result.json").read_text())["history"]
