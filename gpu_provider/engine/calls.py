@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
-from typing import Any
 
 from gpu_provider.backends.base import Backend, JobHandle, JobStatus, OwnerRead
 
@@ -62,31 +60,6 @@ def cancel_within(backend: Backend, handle: JobHandle, reason: str, timeout: flo
     worker.start()
     worker.join(timeout)
     return outcome[0] if outcome else f"no answer within {timeout:.0f}s"
-
-
-#: after stopping an attempt so that the next one runs: the longest a try waits for it to end (its program
-#: checkpoints in the stop's grace period: SageMaker gives 120 s), and the pause between reads
-STOPPED_WAIT_S = 180.0
-STOPPED_POLL_S = 0.5
-
-
-def until_ended(
-    backend: Backend, handle: JobHandle, stop: threading.Event, log: Any, limit_s: float = STOPPED_WAIT_S
-) -> float:
-    """After a stop so that the next attempt runs: read the job until the service says it has ended (its program
-    checkpoints as it stops, and the next attempt, every node of it, must resume from that checkpoint, not run
-    beside the old job), for at most ``limit_s`` (``stop`` set ends the wait at once). Returns when it ended:
-    the service's time, else now (a job that did not end in time is said in ``log``)."""
-    deadline = time.monotonic() + limit_s
-    while not stop.is_set():
-        fresh = poll_one(backend, handle)
-        if fresh is not None and fresh.state.terminal:
-            return fresh.ended_at or time.time()
-        if time.monotonic() >= deadline:
-            log.warning("%s job %s did not end within %.0fs of its stop.", backend.name, handle.job_id, limit_s)
-            break
-        stop.wait(STOPPED_POLL_S)
-    return time.time()
 
 
 def _status_of(backend: Backend, handle: JobHandle) -> JobStatus | None:

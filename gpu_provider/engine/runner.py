@@ -16,9 +16,10 @@ from typing import Any, NoReturn
 from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Wait, describe
-from gpu_provider.engine.calls import cancel_within, poll_one, read_owner, until_ended
+from gpu_provider.engine.calls import cancel_within, poll_one, read_owner
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.places import backend_of, poll_where_they_run, recover
+from gpu_provider.engine.restart_stops import restart_stop_end, stop_at_restart_limit, stop_sent
 from gpu_provider.engine.spot_moves import move_to_spot, spot_watch
 from gpu_provider.engine.wake import WaitWake
 from gpu_provider.engine.watch import (
@@ -119,6 +120,8 @@ class AttemptRunner:
         self.wake = WaitWake(backend, log)
         #: an interrupted attempt's log, whose late lines are read once the next attempt is submitted
         self.unsettled: LogForwarder | None = None
+        #: the log reader of the last wait: a wait on the same attempt again (after a stop it asked for) goes on
+        self.followed: LogForwarder | None = None
 
     def persist(self) -> None:
         """Save the records, the oldest history folded into the engine's summary past ``max_records``."""
@@ -152,7 +155,9 @@ class AttemptRunner:
     def restart_limit(self, record: AttemptRecord) -> int | None:
         """Restarts inside the attempt after which it is stopped (only where the service restarts jobs)."""
         restarts_inside = self.backend_for(record).capabilities.restarts_inside_job
-        return self.engine.restart_limit(record) if restarts_inside else None
+        if not restarts_inside or stop_sent(record):  # a stop already sent: its wait only waits for the end
+            return None
+        return self.engine.restart_limit(record)
 
     # --- at the start of a try -------------------------------------------------------------------
     def cancel_duplicates(self, stored: set[str]) -> None:
@@ -258,6 +263,9 @@ class AttemptRunner:
             cost_limit=self.cost_limit(record),
             settle_interrupted=False,
         )
+        if self.followed is not None and self.followed.handle.job_id == handle.job_id:
+            watch.logs = self.followed  # no line copied into the task log twice
+        self.followed = watch.logs
         spot = spot_watch(self, record)
         ending_polls = 0
         while not self.stop.is_set():
@@ -364,20 +372,7 @@ class AttemptRunner:
             engine.saw(record, JobStatus(state=JobState.CANCELLED, reason=reason, ended_at=time.time()))
             record.interruption = names.CAPACITY_TIMEOUT
         elif outcome == RESTART_LIMIT:
-            reason = (
-                f"{names.RESTART_LIMIT_MARK}the service restarted the job {status.restarts} time(s) inside this "
-                f"attempt after spot interruptions ({status.reason or 'no reason given'}); the capacity policy runs "
-                f"its next attempt instead; stopped by {self.label}"
-            )
-            if not self.cancel(record, reason):
-                self.stop.wait(self.cancel_retry_s)
-                return Wait(record)
-            ended_at = until_ended(self.backend_for(record), record.handle, self.stop, self.log)  # it checkpoints
-            stopped = JobStatus.from_dict(
-                {**status.to_dict(), "state": JobState.CANCELLED.value, "reason": reason, "ended_at": ended_at}
-            )
-            engine.saw(record, stopped)
-            record.interruption = names.PREEMPTED
+            return stop_at_restart_limit(self, record, status)  # then waits for the end, as a move to spot does
         elif outcome == BUDGET:
             return self._over_budget(record, status)
         elif outcome == NEVER_STARTS:
@@ -400,7 +395,7 @@ class AttemptRunner:
             if status.never_starts and status.state.terminal:
                 self._remove_unstarted(record, status)
             planned = record.interruption == names.MOVED_TO_SPOT
-            engine.saw(record, status)
+            engine.saw(record, restart_stop_end(record, status))  # a restart limit's stop: a preemption
             if planned and record.state.terminal and record.state is not JobState.SUCCEEDED:
                 record.interruption = names.MOVED_TO_SPOT  # the stop it asked for, however the service words it
         self.persist()
