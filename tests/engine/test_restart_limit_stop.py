@@ -256,3 +256,40 @@ def test_a_try_that_reads_the_record_after_a_crash_waits_for_the_stopped_job_in_
     assert resumed.reason.startswith(names.RESTART_LIMIT_MARK), resumed.reason
     assert len(second.engine.interruptions()) == 1
     assert sagemaker.bodies("StopTrainingJob") == [{"TrainingJobName": handle.job_id}], "one stop, by try 1 only"
+
+
+def test_a_stop_that_cannot_be_sent_is_unwritten_and_the_next_wait_tries_it_again(
+    sagemaker: SageMakerWorld, held: Path, tmp_path: Path
+) -> None:
+    """The service does not take the stop (its answers are lost): the record no longer says a stop was sent, the
+    wait looks again, fires the restart limit again, and that stop goes through."""
+    world = SageMakerBackendWorld(sagemaker)
+    backend = world.backend()
+    handle = _restarted_spot_job(world, backend, tmp_path, held)
+    record = AttemptRecord.new(handle, try_number=1)
+    saved: list[Any] = []
+    runner = _runner(backend, [record], 1, saved, logging.getLogger("test-restart-limit-retry"))
+    try:
+        status, outcome = runner.wait(record, POLL_S)
+        assert outcome == RESTART_LIMIT, (outcome, status)
+        sagemaker.emulator.lose_response("AddTags", 20)  # the stop's reason tag comes first: every answer lost
+        try:
+            step = runner.after_wait(record, status, outcome)
+        finally:
+            sagemaker.emulator.reset_faults()
+        assert step == Wait(record), step
+        assert record.interruption is None and runner.restart_limit(record) == 1, record
+        assert sagemaker.bodies("StopTrainingJob") == []
+        assert [s[-1]["interruption"] for s in saved] == [names.PREEMPTED, None], "written before, unwritten after"
+
+        status, outcome = runner.wait(record, POLL_S)
+        assert outcome == RESTART_LIMIT, (outcome, status)
+        assert runner.after_wait(record, status, outcome) == Wait(record)
+        assert record.interruption == names.PREEMPTED and len(sagemaker.bodies("StopTrainingJob")) == 1
+        held.touch()
+        status, outcome = runner.wait(record, POLL_S)
+        assert outcome == ENDED, (outcome, status)
+        assert runner.after_wait(record, status, outcome) == Submit(attempt=2, capacity=names.ON_DEMAND)
+    finally:
+        runner.close()
+    assert (record.state, record.interruption) == (JobState.CANCELLED, names.PREEMPTED), record
