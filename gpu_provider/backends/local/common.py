@@ -111,11 +111,19 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
         raise
 
 
-def preallocate(path: Path, data: Mapping[str, Any]) -> None:
-    """Create ``path`` holding ``data`` padded to :data:`PREALLOCATED_BYTES`, for :func:`overwrite_in_place`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+def write_new(path: Path, data: Mapping[str, Any], *, preallocated: bool = False) -> None:
+    """Create ``path`` (mode 0600; it must not exist) holding ``data`` as JSON.
+
+    For a file in a folder nobody reads yet (a job's folder before it is renamed into place), where
+    :func:`write_json_atomic`'s temporary file and rename buy nothing. ``preallocated``: padded to
+    :data:`PREALLOCATED_BYTES` with its disk blocks allocated, for :func:`overwrite_in_place`. A failure
+    may leave a partial file behind: the caller removes the folder.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
+        if not preallocated:
+            _write_all(fd, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
+            return
         try:
             # the blocks are really allocated now, not just promised: a later write into them cannot fail
             # for lack of space (POSIX), at a fraction of an fsync's cost (0.06 vs 3-5 ms on ext4)
@@ -126,19 +134,13 @@ def preallocate(path: Path, data: Mapping[str, Any]) -> None:
         _write_all(fd, _padded(data))
         if not allocated:
             os.fsync(fd)
+    finally:
         os.close(fd)
-        fd = -1
-        os.replace(tmp, path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def overwrite_in_place(path: Path, data: Mapping[str, Any]) -> None:
-    """Rewrite a file made by :func:`preallocate` without allocating disk space (works on a full disk).
+    """Rewrite a file made by ``write_new(..., preallocated=True)`` without allocating disk space (works on a
+    full disk).
 
     Readers may see a mix of old and new bytes for an instant; the files written this way are read
     only by a process that found the writer gone (fatal.json) or treats unreadable JSON as "not yet".

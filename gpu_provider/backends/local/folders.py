@@ -130,8 +130,9 @@ def create_job_dir(jobs: Path, job_dir: Path, record: dict[str, Any]) -> JobHand
     new = jobs / f".new-{job_dir.name}-{secrets.token_hex(4)}"
     new.mkdir(mode=common.DIR_MODE)
     try:
-        common.write_json_atomic(new / common.REQUEST_FILE, record)
-        common.write_json_atomic(
+        # the folder is private until the rename: each file is written once, in place
+        common.write_new(new / common.REQUEST_FILE, record)
+        common.write_new(
             new / common.STATUS_FILE,
             {
                 "state": common.QUEUED,
@@ -141,8 +142,8 @@ def create_job_dir(jobs: Path, job_dir: Path, record: dict[str, Any]) -> JobHand
             },
         )
         # written in place later, so that neither needs disk space when it matters
-        common.preallocate(new / common.SUPERVISOR_FILE, {"pid": None})
-        common.preallocate(new / common.FATAL_FILE, {})
+        common.write_new(new / common.SUPERVISOR_FILE, {"pid": None}, preallocated=True)
+        common.write_new(new / common.FATAL_FILE, {}, preallocated=True)
         os.close(os.open(new / common.LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         os.close(os.open(new / common.SUPERVISOR_LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
         try:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -91,6 +92,8 @@ _RLIMITS = tuple(
     )
     if hasattr(resource, n)
 )
+#: every signal a disposition can be set for (``valid_signals()`` builds a set of enum members per call)
+_SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)))
 
 
 class Refused(Exception):
@@ -107,19 +110,35 @@ class Refused(Exception):
 # --- names and messages ------------------------------------------------------------------------
 
 
+@functools.cache
 def package_root() -> Path:
     """The folder holding the ``gpu_provider`` package the server imports (put on its ``PYTHONPATH``)."""
     return Path(__file__).resolve().parent.parent.parent.parent
 
 
+#: the last hash per package root, with the files' identities (device, inode, size, mtime) it was read at
+_hashes: dict[Path, tuple[tuple[tuple[int, int, int, int], ...], str]] = {}
+
+
 def source_hash(root: Path | None = None) -> str:
-    """A hash of the source of :data:`SERVED_MODULES` as it is on disk now."""
+    """A hash of the source of :data:`SERVED_MODULES` as it is on disk now.
+
+    Read again whenever one of the files changed identity, size or modification time (an upgrade replaces
+    or rewrites them); otherwise the last reading of this process answers (a launch stats 8 files instead
+    of reading and hashing about 100 KB).
+    """
     pkg = (root or package_root()) / "gpu_provider"
+    paths = [pkg / rel for rel in SERVED_MODULES]
+    stats = tuple((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for st in map(os.stat, paths))
+    known = _hashes.get(pkg)
+    if known is not None and known[0] == stats:
+        return known[1]
     digest = hashlib.sha256()
-    for rel in SERVED_MODULES:
+    for rel, path in zip(SERVED_MODULES, paths, strict=True):
         digest.update(rel.encode() + b"\0")
-        digest.update((pkg / rel).read_bytes())
+        digest.update(path.read_bytes())
         digest.update(b"\0")
+    _hashes[pkg] = (stats, digest.hexdigest())
     return digest.hexdigest()
 
 
@@ -161,12 +180,14 @@ def caller_context() -> dict[str, Any]:
     mask = os.umask(0o077)
     os.umask(mask)
     ignored = []
-    for sig in signal.valid_signals():
+    for sig in _SIGNALS:
         if sig in (signal.SIGPIPE, signal.SIGXFSZ):
             continue  # set by every Python interpreter at start (and so by the spawned supervisor's)
-        with contextlib.suppress(OSError, ValueError):
+        try:
             if signal.getsignal(sig) == signal.SIG_IGN:
-                ignored.append(int(sig))
+                ignored.append(sig)
+        except (OSError, ValueError):
+            pass
     return {
         "umask": mask,
         "rlimits": {str(int(r)): list(resource.getrlimit(r)) for r in _RLIMITS},
@@ -499,23 +520,28 @@ def _become_supervisor(job_dir: Path, request: Mapping[str, Any], *, keep_fd: in
     supervisor then installs its SIGTERM and SIGINT handlers itself. Signal mask: the server blocks none.
     """
     ignored = {int(s) for s in request.get("ignored_signals") or ()}
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
+    for sig in _SIGNALS:
         handler: Any = signal.SIG_IGN if sig in ignored else signal.SIG_DFL
         if sig in (signal.SIGPIPE, signal.SIGXFSZ):
             handler = signal.SIG_IGN
         elif sig == signal.SIGINT and sig not in ignored:
             handler = signal.default_int_handler
-        with contextlib.suppress(OSError, ValueError, RuntimeError):
+        try:
             if signal.getsignal(sig) != handler:  # most are at their default already: no system call
                 signal.signal(sig, handler)
+        except (OSError, ValueError, RuntimeError):
+            pass
     os.umask(int(request["umask"]))
     for key, (soft, hard) in (request.get("rlimits") or {}).items():
         if resource.getrlimit(int(key)) != (soft, hard):
             resource.setrlimit(int(key), (soft, hard))
-    os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in (request.get("env") or {}).items()})
+    # the worker's environment for the supervisor, as it would be spawned with it: only what differs is set
+    env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
     os.chdir(job_dir)
     # stdin: /dev/null (the spawned supervisor's pipe is pointed there once read); stdout and stderr:
     # supervisor.log, appended to; every other descriptor of the server closed

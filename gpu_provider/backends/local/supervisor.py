@@ -238,7 +238,9 @@ class Supervisor:
         resources = req["resources"]
         gpus, nodes = float(resources["gpus"]), int(resources["nodes"])
         devices = [int(d) for d in req.get("gpu_devices") or []]
-        self.set_state(common.QUEUED, queued_since=self.status.get("queued_since") or req.get("submitted_at"))
+        # status.json says QUEUED since the submit; the next write is the first one with news in it (waiting for
+        # GPUs, or the nodes started): a launch writes nothing before the job's processes start
+        self.status.setdefault("queued_since", req.get("submitted_at"))
 
         per_node = self._wait_for_gpus(devices, gpus, nodes)
         if per_node is None:
@@ -249,7 +251,7 @@ class Supervisor:
             return
 
         port = _free_port()
-        self.set_state(common.STARTING, master_port=port, gpu_devices=[list(d) for d in per_node])
+        self.status.update(master_port=port, gpu_devices=[list(d) for d in per_node])
         node_records: list[dict[str, Any]] = []
         for rank in range(nodes):
             try:
@@ -262,8 +264,10 @@ class Supervisor:
                 )
                 return
             node_records.append({"rank": rank, "pid": proc.pid, "pid_start": common.process_start_time(proc.pid)})
-            # recorded at once: if this supervisor dies now, poll() still finds the processes to kill
-            self.set_state(common.STARTING, nodes=node_records)
+            # recorded at once: if this supervisor dies now, poll() still finds the processes to kill (the last
+            # node's record is the RUNNING write below)
+            if rank < nodes - 1:
+                self.set_state(common.STARTING, nodes=node_records)
         started = time.time()
         self.set_state(common.RUNNING, started_at=started, nodes=node_records)
         self.note(f"{nodes} node(s) started, pids {', '.join(str(p.pid) for p in self.procs)}, MASTER_PORT={port}")
