@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -67,3 +68,36 @@ def test_links_inside_jobs_are_neither_followed_nor_reported(local: Local, tmp_p
     assert canary.read_text() == "must survive"
     assert (outside / "canary").read_text() == "must survive"
     assert local.backend.list_jobs() == []  # the link is not listed as a job either
+
+
+def _old_job_folder(jobs: Path, name: str) -> Path:
+    folder = jobs / name
+    folder.mkdir()
+    (folder / common.STATUS_FILE).write_text(json.dumps(LONG_AGO))
+    return folder
+
+
+def test_old_folders_are_pruned_once_per_interval_by_all_task_processes_together(local: Local) -> None:
+    """Each Airflow task is a process of its own: a process's own memory of its last prune would have every
+    task read every job folder's status before (now: after) starting its job. ``jobs/.pruned`` is shared."""
+    from gpu_provider.backends.local import prune
+
+    jobs = local.backend.state_dir / common.JOBS_DIR
+    jobs.mkdir(parents=True, exist_ok=True)
+    first = _old_job_folder(jobs, "gp-old-first-t1-a1")
+    prune._pruned_at.clear()  # this process as a fresh task process: it has pruned nothing yet
+    local.wait(local.submit(job("print('one')"), attempt=1))
+    assert not first.exists()  # due, and pruned after that submit
+    stamp = jobs / prune.PRUNED_STAMP
+    assert stamp.is_file() and time.time() - stamp.stat().st_mtime < 60
+
+    second = _old_job_folder(jobs, "gp-old-second-t1-a1")
+    prune._pruned_at.clear()  # the next task's process, a minute later
+    local.wait(local.submit(job("print('two')"), attempt=2))
+    assert second.exists()  # another process pruned the state directory less than 10 minutes ago
+
+    old = time.time() - prune.PRUNE_EVERY_S - 5
+    os.utime(stamp, (old, old))
+    prune._pruned_at.clear()
+    local.wait(local.submit(job("print('three')"), attempt=3))
+    assert not second.exists()  # the last prune is over 10 minutes old: this task's submit pruned

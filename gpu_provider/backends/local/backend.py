@@ -261,7 +261,6 @@ class LocalBackend(Backend):
         if existing is not None:
             log.info("local job %s exists already (submitted before): adopting it", existing.job_id)
             return existing
-        prune_now_and_then(self.state_dir, self.prune)
         spot_index = folders.previous_spot_attempts(jobs, identity.task) if request.capacity == names.SPOT else None
         preempt_after = (
             self.simulate_preemptions[spot_index]
@@ -317,6 +316,7 @@ class LocalBackend(Backend):
                 raise GpuJobError(f"local job {job_id}: could not start the local supervisor: {err}") from err
             raise
         log.info("local job %s submitted (supervisor pid %s, state in %s)", job_id, pid, job_dir)
+        prune_now_and_then(self.state_dir, self.prune)  # housekeeping, once the job runs: never before it
         return handle
 
     # --- status --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpu_provider.backends.local.common import STATUS_FILE, TERMINAL_STATES, read_json_at, remove_tree_at
+from gpu_provider.backends.local.common import JOBS_DIR, STATUS_FILE, TERMINAL_STATES, read_json_at, remove_tree_at
 
 # the log of the local backend (pruning reports what it removed there)
 log = logging.getLogger("gpu_provider.backends.local")
@@ -67,18 +68,27 @@ def prune_jobs(jobs: Path, retention_days: float, wall: float) -> list[str]:
 _pruned_at: dict[str, float] = {}
 _pruned_lock = threading.Lock()
 PRUNE_EVERY_S = 600.0
+#: in ``jobs/``: its modification time is when a process last pruned the state directory
+PRUNED_STAMP = ".pruned"
 
 
 def prune_now_and_then(state_dir: Path, prune: Callable[[], object]) -> None:
-    """Call ``prune`` for ``state_dir`` at most every :data:`PRUNE_EVERY_S` in this process (on submit);
-    an error is logged, never raised: housekeeping must never fail a submission."""
+    """Call ``prune`` for ``state_dir`` at most every :data:`PRUNE_EVERY_S`, by all processes together (after a
+    submit). Each Airflow task is a process of its own: without ``jobs/.pruned`` every task would read every job
+    folder's status. An error is logged, never raised: housekeeping must never fail a submission."""
     key = str(state_dir)
     now = time.monotonic()
     with _pruned_lock:
         if now - _pruned_at.get(key, -math.inf) < PRUNE_EVERY_S:
             return
         _pruned_at[key] = now
+    stamp = state_dir / JOBS_DIR / PRUNED_STAMP
     try:
+        with contextlib.suppress(FileNotFoundError):
+            if 0 <= time.time() - os.stat(stamp, follow_symlinks=False).st_mtime < PRUNE_EVERY_S:
+                return  # another process pruned it lately
+        os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+        os.utime(stamp, follow_symlinks=False)
         prune()
     except OSError as err:
         log.warning("could not prune old local jobs in %s: %s", key, err)
