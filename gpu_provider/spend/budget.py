@@ -135,9 +135,12 @@ def configured_budgets() -> dict[str, float]:
     """The teams' monthly budgets: the quota file's ``monthly_budget_usd``, with ``[gpu_provider]
     team_monthly_budget_usd`` taking precedence per team."""
     from gpu_provider.backends.base import provider_config
-    from gpu_provider.quotas.file import configured_quotas
 
-    quotas = configured_quotas()
+    quotas = None
+    if provider_config("quota_file"):  # its module is imported where a quota file is configured, not by every task
+        from gpu_provider.quotas.file import configured_quotas
+
+        quotas = configured_quotas()
     return {**(quotas.budgets() if quotas else {}), **parse_team_budgets(provider_config("team_monthly_budget_usd"))}
 
 
