@@ -342,6 +342,32 @@ def test_the_name_changes_with_the_served_source(tmp_path: Path) -> None:
     assert forkserver.server_name(before, executable="/other/python") != forkserver.server_name(before)
 
 
+def test_the_source_hash_is_read_again_only_when_a_served_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch stats the served files; it reads and hashes them (about 100 KB) only when one of them changed."""
+    root = tmp_path / "copy"
+    for rel in forkserver.SERVED_MODULES:
+        target = root / "gpu_provider" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(forkserver.package_root() / "gpu_provider" / rel, target)
+    reads: list[str] = []
+    real_read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: reads.append(self.name) or real_read(self))
+    first = forkserver.source_hash(root)
+    assert len(reads) == len(forkserver.SERVED_MODULES)
+    reads.clear()
+    assert forkserver.source_hash(root) == first and reads == []  # unchanged: nothing read
+    served = root / "gpu_provider" / "backends/local/frames.py"
+    same_size = served.read_text().replace("the peer's uid", "the peer's UID")  # an edit of the same length
+    assert len(same_size) == len(served.read_text()) and same_size != served.read_text()
+    served.write_text(same_size)
+    later = served.stat().st_mtime_ns + 1_000_000_000
+    os.utime(served, ns=(later, later))  # a file system with coarse timestamps still shows a new mtime
+    reads.clear()
+    assert forkserver.source_hash(root) != first and len(reads) == len(forkserver.SERVED_MODULES)
+
+
 def test_a_served_module_list_that_misses_a_module_is_caught() -> None:
     """The hash covers every module of the provider the server has imported when it serves."""
     code = (
