@@ -65,7 +65,7 @@ format: $(STAMP)
 ## Benchmarks side by side with the anchor operators (benchmarks/README.md): every figure's script, --quick;
 ## FULL=1: the full runs (each under 10 minutes on 2 cores). They print their tables and write nothing
 ## (capacity_trace writes the traces it replays to a temporary folder and prints where).
-BENCH_SCRIPTS := parse_cost polling latency recovery launch capacity_trace
+BENCH_SCRIPTS := parse_cost polling latency recovery launch launch_floor capacity_trace
 bench: $(STAMP)
 	@for script in $(BENCH_SCRIPTS); do \
 	  echo "== benchmarks/$$script.py $(if $(FULL),,--quick)"; \

@@ -55,3 +55,13 @@ def test_the_latency_benchmarks_jobs_end_their_log_with_the_marker_unless_plain(
         ends = [end for end in map(parse_end_of_log, lines) if end is not None]
         assert len(ends) == markers
         assert all((end.node, end.nnodes, end.exit_code) == (0, 1, 0) for end in ends)
+
+
+def test_the_launch_floor_benchmark_times_each_side_until_its_command_ran() -> None:
+    """Figure 5b: one launch per side after the unmeasured ones, each timed to the mark its command wrote."""
+    from benchmarks.launch_floor import measure as floor
+
+    result = floor(1, pause=0.01)
+    assert set(result) == {"popen", "handover", "ours"}
+    for side, times in result.items():
+        assert len(times) == 1 and 0 < times[0] < 10, (side, times)
