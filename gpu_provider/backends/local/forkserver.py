@@ -121,12 +121,8 @@ _hashes: dict[Path, tuple[tuple[tuple[int, int, int, int], ...], str]] = {}
 
 
 def source_hash(root: Path | None = None) -> str:
-    """A hash of the source of :data:`SERVED_MODULES` as it is on disk now.
-
-    Read again whenever one of the files changed identity, size or modification time (an upgrade replaces
-    or rewrites them); otherwise the last reading of this process answers (a launch stats 8 files instead
-    of reading and hashing about 100 KB).
-    """
+    """A hash of the source of :data:`SERVED_MODULES` as it is on disk now: read again when a file changed identity,
+    size or mtime (an upgrade replaces or rewrites them), else the last reading answers (8 stats, not ~100 KB)."""
     pkg = (root or package_root()) / "gpu_provider"
     paths = [pkg / rel for rel in SERVED_MODULES]
     stats = tuple((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) for st in map(os.stat, paths))
