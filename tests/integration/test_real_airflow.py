@@ -131,14 +131,17 @@ with DAG(dag_id="fan_out", schedule=None, catchup=False) as fan_out:
     ).expand(command=[job(10) + [f"fan{{i}}"] for i in range(4)])
 
 with DAG(dag_id="fan_out_batch", schedule=None, catchup=False) as fan_out_batch:
-    # a sweep on a remote backend (the Batch emulator): each map index its own Batch job
+    # a sweep on a remote backend (the Batch emulator): each map index its own Batch job. Jobs of 20 s, for the
+    # Airflow race above: under a loaded make test a task's deferring run took 15 s from its submit to its end
+    # (the API server slow to record the deferral), its 10 s job had ended, the trigger fired, the scheduler
+    # requeued the task, then took in that run's stale success and failed the task ("state mismatch")
     GpuJobOperator.partial(
         task_id="job",
         backend=BatchBackend(spot_queue={spot_queue!r}, on_demand_queue={on_demand_queue!r}),
         image="trainer:1",
         deferrable=True,
         poll_interval=0.5,
-    ).expand(command=[job(10) + [f"bfan{{i}}"] for i in range(3)])
+    ).expand(command=[job(20) + [f"bfan{{i}}"] for i in range(3)])
 """
 
 
