@@ -27,7 +27,7 @@ from moto.batch import models as batch_models
 from gpu_provider.runtime.secrets import resolve as resolve_secrets
 from gpu_provider.testing.emulators.aws_common import DUMMY_CREDENTIALS, aws_client, job_aws_env
 from gpu_provider.testing.emulators.aws_events import publish
-from gpu_provider.testing.emulators.core import current_body, kill_group, python_env
+from gpu_provider.testing.emulators.core import current_body, kill_group, own_rendezvous_port, python_env
 
 __all__ = ["DUMMY_CREDENTIALS", "kill_group"]  # (also importable from here, as before)
 
@@ -329,6 +329,7 @@ class JobRunner:
             }
             if i != main:
                 env["AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"] = MAIN_NODE_ADDRESS
+            own_rendezvous_port(env, f"batch/{id(self)}/{job.job_id}")  # nodes of their own: no other job's port
             nodes.append(Node(i, self._resolve_command(job, commands[i]), env, self._stream_name(job)))
         return nodes
 

@@ -29,7 +29,7 @@ from moto.logs.models import logs_backends
 
 from gpu_provider.testing.emulators.aws_common import DUMMY_CREDENTIALS, job_aws_env
 from gpu_provider.testing.emulators.aws_events import publish
-from gpu_provider.testing.emulators.core import kill_group, python_env
+from gpu_provider.testing.emulators.core import kill_group, own_rendezvous_port, python_env
 
 __all__ = ["DUMMY_CREDENTIALS", "kill_process"]  # (also importable from here, as before)
 
@@ -392,6 +392,7 @@ class JobRunner:
                 }
             )
             env.setdefault("MASTER_ADDR", "127.0.0.1")  # the stand-in for DNS of algo-1
+            own_rendezvous_port(env, f"sagemaker/{id(self)}/{job.name}")  # hosts of their own: no other job's port
             argv = [arg.replace("/opt/ml", here_ml) for arg in command]
             host.proc = subprocess.Popen(
                 argv,

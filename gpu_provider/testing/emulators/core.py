@@ -66,6 +66,29 @@ def python_env() -> dict[str, str]:
     return env
 
 
+# Every emulated host of every job runs on this machine, where real hosts each have a network of their own: two
+# multi-node jobs running at once would both rendezvous on MASTER_PORT (29500 unless set) of 127.0.0.1, and a rank
+# of one could join rank 0 of the other (seen: two test workers' SageMaker jobs at once, "rank 1 disagrees on the
+# run"). Each job gets a free port of this machine instead, the same for all its hosts and restarts.
+_job_ports: dict[str, int] = {}
+_job_ports_lock = threading.Lock()
+
+
+def own_rendezvous_port(env: dict[str, str], job: str) -> None:
+    """Set ``env``'s ``MASTER_PORT`` (when it has one) to the port of the job ``job`` on this machine: a key unique to
+    the job in this process, the same for every host of it. Chosen free the first time, then kept."""
+    if "MASTER_PORT" not in env:
+        return
+    with _job_ports_lock:
+        port = _job_ports.get(job)
+        if port is None:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind(("", 0))
+                port = int(probe.getsockname()[1])
+            _job_ports[job] = port
+    env["MASTER_PORT"] = str(port)
+
+
 def kill_group(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
     """Send ``sig`` to the process group of ``proc`` (started in its own session); gone already: nothing."""
     if proc is None:

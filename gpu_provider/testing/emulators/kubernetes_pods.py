@@ -22,7 +22,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from gpu_provider.testing.emulators.core import BASE_ENV
+from gpu_provider.testing.emulators.core import BASE_ENV, own_rendezvous_port
 
 logger = logging.getLogger("gpu_provider.testing.emulators.kubernetes")
 
@@ -331,6 +331,8 @@ class PodRunner:
                     value = ""
             # no cluster DNS here: every pod is on this host
             env[entry["name"]] = "127.0.0.1" if value.endswith(".svc.cluster.local") else value
+        job = (meta.get("labels") or {}).get(JOB_NAME) or meta["name"]
+        own_rendezvous_port(env, f"kubernetes/{id(self)}/{meta['namespace']}/{job}")  # pods of their own network
         return env
 
     def _finish_pod(self, key: tuple[str, str], pod: dict[str, Any], code: int | None, *, reason: str = "") -> None:
