@@ -3,34 +3,49 @@
 from __future__ import annotations
 
 import re
+import sys
+import textwrap
 import time
 from collections import Counter
+from pathlib import Path
 
 from gpu_provider.backends.base import JobState
-from tests.backends.contract.worlds import POLL_S, BackendWorld, drain_logs, marked, poll_one, py
+from tests.backends.contract.worlds import POLL_S, BackendWorld, drain_logs, marked, poll_one
 
 LINES_PER_NODE = 25
 MAX_BYTES = 300
 LINE = re.compile(r"contract-line r=(\d+) i=(\d+) ")
-# every node prints its lines while the others print theirs; the main node (rank 0) ends last, as
-# Batch stops the other nodes of a multi-node job once the main node exits
-LOG_JOB = py(
-    f"""
-    import os, time
-    rank = os.environ['NODE_RANK']
-    for i in range({LINES_PER_NODE}):
-        print(f'contract-line r={{rank}} i={{i}} ' + 'x' * 24, flush=True)
-        time.sleep(0.02)
-    if rank == '0':
-        time.sleep(0.5)
-    """
-)
 
 
-def test_logs_from_a_cursor_bring_every_line_of_every_node_once(world: BackendWorld) -> None:
+def log_job(folder: Path, nodes: int) -> tuple[str, ...]:
+    """Every node prints its lines while the others print theirs; the main node (rank 0) ends last, once every other
+    node has written ``<folder>/done/<rank>`` after its lines (at most 60 s), as Batch stops the other nodes of a
+    multi-node job once the main node exits: on a loaded machine the second node started 1.5 s after the first.
+    A script file (every world runs its jobs on this machine): SageMaker takes 256 characters per argument."""
+    script, done = folder / "log_job.py", folder / "done"
+    done.mkdir()
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, pathlib, sys, time
+            rank, done = os.environ['NODE_RANK'], pathlib.Path(sys.argv[1])
+            for i in range({LINES_PER_NODE}):
+                print(f'contract-line r={{rank}} i={{i}} ' + 'x' * 24, flush=True)
+                time.sleep(0.02)
+            done.joinpath(rank).touch()
+            deadline = time.monotonic() + 60
+            while rank == '0' and len(list(done.iterdir())) < int(sys.argv[2]) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            """
+        )
+    )
+    return (sys.executable, str(script), str(done), str(nodes))
+
+
+def test_logs_from_a_cursor_bring_every_line_of_every_node_once(world: BackendWorld, tmp_path: Path) -> None:
     backend = world.backend()
     nodes = 2 if world.backend_class().capabilities.multi_node else 1
-    handle = backend.submit(world.request("logs", LOG_JOB, nodes=nodes))
+    handle = backend.submit(world.request("logs", log_job(tmp_path, nodes), nodes=nodes))
     expected = {(str(r), str(i)) for r in range(nodes) for i in range(LINES_PER_NODE)}
 
     # one reader follows the job while it runs, keeping nothing but the cursor between reads
