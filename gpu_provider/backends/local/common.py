@@ -100,10 +100,8 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     :param data: JSON-serialisable mapping
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
+        write_new(tmp, data)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
