@@ -257,6 +257,7 @@ class Supervisor:
             try:
                 proc = self._spawn(rank, nodes, port, per_node[rank])
             except OSError as err:
+                self._start_pumps()  # what the nodes started before it printed
                 self._stop_nodes(grace=0.0)
                 self.note(f"could not start node {rank}: {err}")
                 self.set_state(
@@ -271,6 +272,7 @@ class Supervisor:
         started = time.time()
         self.set_state(common.RUNNING, started_at=started, nodes=node_records)
         self.note(f"{nodes} node(s) started, pids {', '.join(str(p.pid) for p in self.procs)}, MASTER_PORT={port}")
+        self._start_pumps()  # after that line: a job that prints and ends at once cannot put its output before it
 
         state, reason, exit_code = self._watch(started)
         if state != common.SUCCEEDED:
@@ -414,10 +416,17 @@ class Supervisor:
         )
         self.procs.append(proc)
         assert proc.stdout is not None
-        pump = threading.Thread(target=self._pump, args=(rank, proc.stdout), name=f"pump-{rank}", daemon=True)
-        pump.start()
-        self.pumps.append(pump)
+        # started by _start_pumps once the supervisor has said the nodes started (the pipe holds the output)
+        self.pumps.append(
+            threading.Thread(target=self._pump, args=(rank, proc.stdout), name=f"pump-{rank}", daemon=True)
+        )
         return proc
+
+    def _start_pumps(self) -> None:
+        """Start copying the output of every node started so far into the log (each pump once)."""
+        for pump in self.pumps:
+            if pump.ident is None:
+                pump.start()
 
     def _drain_ended(self) -> None:
         """Wait (at most :data:`_PUMP_JOIN_S` in all) until every node that has exited has its output copied:
