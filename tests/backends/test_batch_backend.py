@@ -573,10 +573,21 @@ for i in range(50_000):
     if i == 123:
         out.write("long " + "y" * 40_000 + "\\n")
 out.flush()
-if node == "1":
-    done.touch()
+if node == "1":  # its pid, written whole: the main node waits for this process to be gone
+    done.with_suffix(".tmp").write_text(str(os.getpid()))
+    done.with_suffix(".tmp").rename(done)
+    sys.exit(0)
+def gone(pid):
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+# the main node's end stops the others: it ends once node 1 has exited, not just printed (on a loaded machine
+# node 1 was still shutting down when the main node ended, and its SIGTERM added 'Terminated' to its log)
 deadline = time.monotonic() + 60
-while node == "0" and not done.exists() and time.monotonic() < deadline:  # the main node's end stops the others
+while node == "0" and time.monotonic() < deadline:
+    if done.exists() and gone(int(done.read_text())):
+        break
     time.sleep(0.05)
 """
 
