@@ -53,6 +53,7 @@ def move_to_spot(runner: AttemptRunner, record: AttemptRecord) -> Step:
     if fresh.owner_try is not None and fresh.owner_try > engine.try_number:  # the status says so too
         record.owner_try = fresh.owner_try
         runner.stand_down(record)
+    engine.saw(record, fresh)  # the record knows it runs (a try that finds the move planned reads it so)
     decision = dict(runner.spot_decision or {})
     record.spot_return = decision
     reason = (
