@@ -36,7 +36,7 @@ from gpu_provider.operators._deferral import job_trigger
 from gpu_provider.operators._plan import Plan
 from gpu_provider.records import AttemptRecord
 from tests.backends.contract.worlds import poll_one, read_until, wait_ended, wait_state, wait_status
-from tests.operators.suite.worlds import OPERATOR_WORLDS, OperatorWorld, strip_cancel_prefix
+from tests.operators.suite.worlds import OPERATOR_WORLDS, LocalOperatorWorld, OperatorWorld, strip_cancel_prefix
 
 POLL_S = 0.2
 LABEL = "Airflow task d.t of run r"
@@ -187,8 +187,6 @@ def _crash_at_the_restart_limit(world: OperatorWorld, handle: JobHandle) -> list
 def test_a_restart_limit_stop_planned_before_a_crash_is_sent_again_and_the_next_attempt_follows(
     world: OperatorWorld, tmp_path: Path
 ) -> None:
-    from gpu_provider.engine.planned_stops import resume_stop
-
     request, handle = _restarted(world, tmp_path)
     saved = _crash_at_the_restart_limit(world, handle)
 
@@ -197,6 +195,8 @@ def test_a_restart_limit_stop_planned_before_a_crash_is_sent_again_and_the_next_
     assert second.restart_limit(record) == 1, "a stop never sent: the restart limit still holds for the new try"
     trigger, _ = job_trigger(_plan(world), second, record, None, task_label=LABEL, spend=None)
     assert trigger.restart_limit == 1, "a trigger built from the record before the resend still fires the limit"
+
+    from gpu_provider.engine.planned_stops import resume_stop  # what the operator runs before each wait
 
     assert resume_stop(second, record) is None, "the job still runs: the new try waits for its end"
     (stop,) = _stops(world, handle)
@@ -230,12 +230,13 @@ _REFUSE_STOPS = {
 def test_a_planned_stop_the_new_try_cannot_send_either_leaves_the_restart_limit_to_fire_again(
     world: OperatorWorld, tmp_path: Path
 ) -> None:
-    from gpu_provider.engine.planned_stops import resume_stop
-
     request, handle = _restarted(world, tmp_path)
     saved = _crash_at_the_restart_limit(world, handle)
     second = _new_try(world, RESTART_POLICY, request, saved)
     (record,) = second.engine.records
+    assert second.restart_limit(record) == 1, "a stop never sent: the restart limit still holds for the new try"
+    from gpu_provider.engine.planned_stops import resume_stop  # what the operator runs before each wait
+
     assert world.name in _REFUSE_STOPS, f"{world.name} world: add how its service refuses a stop"
     _REFUSE_STOPS[world.name](world)
     try:
@@ -335,3 +336,36 @@ def test_a_job_that_fails_on_its_own_after_a_move_was_planned_but_never_sent_has
     assert "Moving back to spot" not in second.engine.note
     assert _stops(world, handle) == [], "nothing was stopped"
     assert poll_one(world.backend(), handle).state is JobState.FAILED
+
+
+@pytest.fixture
+def local_world(tmp_path: Path) -> Iterator[OperatorWorld]:
+    """How a record of 0.4.0 is read is the engine's rule, the same on every backend: shown on the local one."""
+    built = LocalOperatorWorld(tmp_path)
+    try:
+        yield built
+    finally:
+        built.cleanup()
+
+
+def test_a_move_recorded_by_0_4_0_as_stop_sent_is_sent_again_and_confirmed(
+    local_world: OperatorWorld, tmp_path: Path
+) -> None:
+    """0.4.0 saved a planned stop as ``interruption`` alone ("stop sent"), so a crash before the send left it never
+    sent: read as planned, not confirmed, it is sent again (its reason rebuilt from the record) and confirmed."""
+    from gpu_provider.engine.planned_stops import resume_stop
+
+    world = local_world
+    request, handle, saved = _crash_at_the_move(world, tmp_path)
+    saved[-1] = [{k: v for k, v in data.items() if k not in ("stop", "stop_reason")} for data in saved[-1]]
+    second = _new_try(world, MOVE_POLICY, request, saved)
+    (record,) = second.engine.records
+    assert (record.planned_stop, record.stop) == (names.MOVED_TO_SPOT, None), record
+    try:
+        step = resume_stop(second, record) or second.after_wait(record, *second.wait(record, POLL_S))
+    finally:
+        second.close()
+    (stop,) = _stops(world, handle)
+    assert stop.startswith(names.SPOT_RETURN_MARK + "spot placement score 9 in us-east-1 (>= 7); the job"), stop
+    assert step == Submit(attempt=2, capacity=names.SPOT), step
+    assert (record.interruption, record.stop) == (names.MOVED_TO_SPOT, names.STOP_CONFIRMED), record
