@@ -132,6 +132,17 @@ RESTART_LIMIT_MARK = "restart limit: "
 """After :data:`CANCEL_PREFIX`: the task stopped an attempt the service had restarted inside the job as
 often as the capacity policy tolerates (an interruption: the policy's next attempt runs)."""
 
+# --- a stop the task plans for a running attempt (``AttemptRecord.stop``) ------------------------
+STOP_PLANNED = "planned"
+"""Written on the attempt's record before the stop is sent: the service has not been seen taking it yet, so a try
+that resumes (a new try, a resumed deferral) sends it again and reads whether it was taken."""
+STOP_CONFIRMED = "confirmed"
+"""A fresh read showed the service taking the planned stop (the job stopping, or ended, with the stop's reason):
+only then is the job's end the planned one."""
+STOP_MARKS = {PREEMPTED: RESTART_LIMIT_MARK, MOVED_TO_SPOT: SPOT_RETURN_MARK}
+"""The planned stops by the interruption kind their record carries (a restart limit's stop ends as a preemption,
+a move back to spot as ``moved_to_spot``), and the mark their reason starts with."""
+
 # --- the end-of-log marker: the last line of each node's log -----------------------------------
 END_OF_LOG = "gpu_provider: end-of-log"
 """Start of the line the runtime helper (``python -m gpu_provider.runtime.launch``), the multi-node entries

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gpu_provider.backends.base import JobHandle, JobState, JobStatus
-from gpu_provider.names import LOST, PREEMPTED
+from gpu_provider.names import CANCEL_PREFIX, LOST, PREEMPTED, STOP_CONFIRMED, STOP_MARKS
 
 #: bump when a field changes meaning; adding a field with a default needs no bump
 SCHEMA_VERSION = 2
@@ -84,6 +84,14 @@ class AttemptRecord:
     service or region); ``None``: the task's backend (every record written before ladders existed)."""
     service: str | None = None
     """The service the attempt ran on, in words ("AWS Batch", "Amazon SageMaker"); ``None``: not recorded."""
+    stop: str | None = None
+    """A stop this task planned for the running attempt (its restart limit, a move back to spot: the kind is in
+    ``interruption``, set while the attempt runs): ``"planned"`` (:data:`~gpu_provider.names.STOP_PLANNED`) from
+    before it is sent, ``"confirmed"`` (:data:`~gpu_provider.names.STOP_CONFIRMED`) once a read showed the
+    service taking it. ``None``: no stop planned, or a record of 0.4.0, whose ``interruption`` alone said "stop
+    sent": read as planned, not confirmed (:attr:`planned_stop`), so it is sent again and confirmed."""
+    stop_reason: str | None = None
+    """The reason the planned stop is sent with (sent again with the same words)."""
 
     @property
     def gpu_hours(self) -> float:
@@ -122,6 +130,19 @@ class AttemptRecord:
         )
 
     @property
+    def planned_stop(self) -> str | None:
+        """The kind of the stop this task planned for the attempt while it runs (``preempted``: its restart limit;
+        ``moved_to_spot``), confirmed or not; ``None`` when none is planned or the attempt has ended."""
+        if self.state.terminal or self.interruption not in STOP_MARKS:
+            return None
+        return self.interruption
+
+    @property
+    def stop_confirmed(self) -> bool:
+        """Whether the service was seen taking the planned stop (:attr:`planned_stop`)."""
+        return self.planned_stop is not None and self.stop == STOP_CONFIRMED
+
+    @property
     def lost(self) -> bool:
         """Ended as far as anyone can tell, but the service no longer knew how (``interruption="lost"``)."""
         return self.state.terminal and self.interruption == LOST
@@ -137,12 +158,18 @@ class AttemptRecord:
     def update(self, status: JobStatus) -> None:
         """Take what a status sample says; never forget what an earlier sample knew (GPU time, output),
         and never let a later, weaker read replace a known end (:meth:`settled`)."""
+        planned = self.planned_stop
+        if planned is not None and status.state.active and stop_taken(status, planned):
+            self.stop = STOP_CONFIRMED  # the service is carrying the planned stop out
         if not self.settled(status):
             was_lost = self.lost
             self.state = status.state
             self.reason = status.reason
             kind = status.interruption or (PREEMPTED if status.state is JobState.PREEMPTED else None)
-            if kind or was_lost:
+            if planned is not None and status.state.terminal:
+                kind = self._end_of_planned_stop(planned, status, kind)
+                self.interruption = kind
+            elif kind or was_lost:
                 self.interruption = kind
             if status.exit_code is not None:
                 self.exit_code = status.exit_code
@@ -162,6 +189,17 @@ class AttemptRecord:
         if status.owner_try is not None:
             self.owner_try = status.owner_try
         self.collected = self.collected or status.collected
+
+    def _end_of_planned_stop(self, planned: str, status: JobStatus, kind: str | None) -> str | None:
+        """How an attempt with a planned stop ended: by that stop (``planned``) when the stop was confirmed or the
+        end carries its reason; otherwise the job's own end (``kind``: its own interruption, or none), whatever
+        was planned. A job that succeeded before the stop took hold succeeded."""
+        if status.state is JobState.SUCCEEDED:
+            return None
+        if self.stop == STOP_CONFIRMED or stop_taken(status, planned):
+            self.stop = STOP_CONFIRMED
+            return planned
+        return kind
 
     # --- wire form ---
     def to_dict(self) -> dict[str, Any]:
@@ -206,6 +244,14 @@ class AttemptRecord:
             dict(kwargs["backend_spec"]) if isinstance(kwargs.get("backend_spec"), Mapping) else None
         )
         return cls(**kwargs)
+
+
+def stop_taken(status: JobStatus, planned: str) -> bool:
+    """Whether ``status`` shows the service taking the stop of kind ``planned`` (``names.STOP_MARKS``): the job
+    stopping with the stop's reason (``JobStatus.stopping``), or ended with it."""
+    words = status.stopping if status.state.active else status.reason
+    words = (words or "").removeprefix(CANCEL_PREFIX)
+    return words.startswith(STOP_MARKS[planned])
 
 
 #: how many attempt records a task instance keeps by default (``[gpu_provider] max_attempt_records``)

@@ -154,3 +154,42 @@ def test_an_attempt_keeps_its_own_backend_and_a_record_of_0x_means_the_tasks() -
     gone = LocalBackend(state_dir="/tmp/c")
     loaded.backend_spec = gone.spec()
     assert backend_of(task_backend, loaded, [task_backend, rung_backend]) == gone
+
+
+def _running_with(interruption: str, **fields: object) -> AttemptRecord:
+    handle = JobHandle("local", "j1", "gp-j1", 1, names.ON_DEMAND, time.time() - 100)
+    data = {**AttemptRecord.new(handle, try_number=1).to_dict(), "state": "RUNNING", "interruption": interruption}
+    data.update(fields)
+    return AttemptRecord.from_dict(data)
+
+
+@pytest.mark.parametrize("kind", [names.PREEMPTED, names.MOVED_TO_SPOT])
+def test_a_planned_stop_of_0_4_0_reads_as_planned_and_only_a_confirmed_one_makes_the_end_the_plans(kind: str) -> None:
+    """0.4.0 wrote a planned stop as ``interruption`` alone on a running attempt ("stop sent"): it reads as planned,
+    not confirmed. The end is the plan's only once the stop was seen taken, or the end carries its reason."""
+    mark = names.STOP_MARKS[kind]
+    old = _running_with(kind)  # no stop, no stop_reason: as 0.4.0 stored it
+    assert (old.planned_stop, old.stop, old.stop_confirmed) == (kind, None, False)
+    own = JobStatus(state=JobState.FAILED, reason="exit code 3", exit_code=3)
+    old.update(own)
+    assert (old.state, old.interruption, old.planned_stop) == (JobState.FAILED, None, None), "the job's own failure"
+
+    planned = _running_with(kind, stop=names.STOP_PLANNED, stop_reason=f"{mark}x")
+    planned.update(JobStatus(state=JobState.RUNNING, reason="still running"))
+    assert not planned.stop_confirmed, "a read that shows no stop confirms nothing"
+    planned.update(JobStatus(state=JobState.RUNNING, stopping=f"{mark}x"))
+    assert planned.stop_confirmed, "the service shows the stop being taken"
+    planned.update(own)  # confirmed, then it failed as it stopped: the plan's end all the same
+    assert (planned.state, planned.interruption, planned.stop) == (JobState.FAILED, kind, names.STOP_CONFIRMED)
+
+    # unconfirmed, but the end carries the stop's reason (Kubernetes keeps the prefix): the plan's end
+    ended = _running_with(kind, stop=names.STOP_PLANNED)
+    ended.update(JobStatus(state=JobState.CANCELLED, reason=f"{names.CANCEL_PREFIX}{mark}x"))
+    assert (ended.interruption, ended.stop) == (kind, names.STOP_CONFIRMED)
+    # a job that succeeded before its stop took hold succeeded
+    done = _running_with(kind, stop=names.STOP_CONFIRMED)
+    done.update(JobStatus(state=JobState.SUCCEEDED, exit_code=0))
+    assert (done.state, done.interruption) == (JobState.SUCCEEDED, None)
+    # the new fields survive the task state store
+    (loaded,) = load_records(dump_records([planned]))
+    assert (loaded.stop, loaded.stop_reason) == (names.STOP_CONFIRMED, f"{mark}x")

@@ -1,10 +1,11 @@
 """The stop of an attempt the service restarted too often inside itself (its restart limit: SageMaker managed spot
 restarting a reclaimed job), so that the capacity policy's next attempt runs. The same mechanism as a move back to
-spot (:mod:`gpu_provider.engine.spot_moves`): the planned stop is written on the record (``interruption`` set
-while the attempt still runs) before it is sent, then the usual wait, in the worker or in the triggerer, waits for
-the job to end: it checkpoints as it stops, and the next attempt, every node of it, must resume from that
-checkpoint, not run beside the old job. A try that reads the record later (a resumed wait, a retry after a worker
-crash) sees the stop was sent: it waits for the end too, and neither fires the restart limit nor stops again."""
+spot (:mod:`gpu_provider.engine.spot_moves`), a planned stop (:mod:`gpu_provider.engine.planned_stops`): written on
+the record as planned before it is sent, confirmed once the service is seen taking it, then the usual wait, in the
+worker or in the triggerer, waits for the job to end: it checkpoints as it stops, and the next attempt, every node
+of it, must resume from that checkpoint, not run beside the old job. A try that resumes the wait with the stop
+confirmed (or sent by its own process) neither fires the restart limit again nor stops again; one that finds it
+only planned (the process that planned it died before it was sent, or seen taken) sends it again."""
 
 from __future__ import annotations
 
@@ -13,17 +14,12 @@ from typing import TYPE_CHECKING
 
 from gpu_provider import names
 from gpu_provider.backends.base import JobState, JobStatus
+from gpu_provider.engine import planned_stops
 from gpu_provider.engine.attempts import Step, Wait
-from gpu_provider.records import AttemptRecord
+from gpu_provider.records import AttemptRecord, stop_taken
 
 if TYPE_CHECKING:
     from gpu_provider.engine.runner import AttemptRunner
-
-
-def stop_sent(record: AttemptRecord) -> bool:
-    """Whether this task sent ``record``'s attempt a stop it planned (its restart limit, a move back to spot) and
-    the attempt has not ended yet: its wait only waits for the end."""
-    return record.interruption is not None and not record.state.terminal
 
 
 def stop_at_restart_limit(runner: AttemptRunner, record: AttemptRecord, status: JobStatus) -> Step:
@@ -37,11 +33,7 @@ def stop_at_restart_limit(runner: AttemptRunner, record: AttemptRecord, status: 
         f"its next attempt instead; stopped by {runner.label}"
     )
     runner.engine.saw(record, status)  # its restarts, which the policy counts
-    record.interruption = names.PREEMPTED
-    runner.persist()  # before the stop: a crash after it still knows the stop was sent
-    if not runner.cancel(record, reason):
-        record.interruption = None
-        runner.persist()
+    if not planned_stops.send(runner, record, names.PREEMPTED, reason):
         runner.stop.wait(runner.cancel_retry_s)
         return Wait(record)
     runner.log.warning(
@@ -56,9 +48,11 @@ def stop_at_restart_limit(runner: AttemptRunner, record: AttemptRecord, status: 
 def restart_stop_end(record: AttemptRecord, status: JobStatus) -> JobStatus:
     """How the end of an attempt stopped at its restart limit is recorded (``record`` not yet updated with
     ``status``): a preemption the policy counted already in the restarts (``CANCELLED``, ``preempted``), whatever
-    the service says, unless the job succeeded before the stop took hold. Any other end: ``status``."""
-    planned = record.interruption == names.PREEMPTED and not record.state.terminal
-    if not planned or not status.state.terminal or status.state is JobState.SUCCEEDED:
+    the service says, once the stop was confirmed (or the end carries its reason), unless the job succeeded before
+    the stop took hold. Any other end (one of the job's own while its stop was never seen taken): ``status``."""
+    if record.planned_stop != names.PREEMPTED or not status.state.terminal or status.state is JobState.SUCCEEDED:
+        return status
+    if not record.stop_confirmed and not stop_taken(status, names.PREEMPTED):
         return status
     reason = status.reason
     if not reason.startswith(names.RESTART_LIMIT_MARK):  # the service did not keep our words

@@ -19,7 +19,8 @@ from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Wait
 from gpu_provider.engine.calls import cancel_within, poll_one, read_owner
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.places import backend_of, poll_where_they_run, recover
-from gpu_provider.engine.restart_stops import restart_stop_end, stop_at_restart_limit, stop_sent
+from gpu_provider.engine.planned_stops import stop_sent
+from gpu_provider.engine.restart_stops import restart_stop_end, stop_at_restart_limit
 from gpu_provider.engine.spot_moves import move_to_spot, spot_watch
 from gpu_provider.engine.wake import WaitWake
 from gpu_provider.engine.watch import (
@@ -122,6 +123,8 @@ class AttemptRunner:
         self.unsettled: LogForwarder | None = None
         #: the log reader of the last wait: a wait on the same attempt again (after a stop it asked for) goes on
         self.followed: LogForwarder | None = None
+        #: the attempts whose planned stop this process sent (a planned stop it did not send is sent again)
+        self.stops_sent: set[str] = set()
 
     def persist(self) -> None:
         """Save the records, the oldest history folded into the engine's summary past ``max_records``."""
@@ -155,7 +158,7 @@ class AttemptRunner:
     def restart_limit(self, record: AttemptRecord) -> int | None:
         """Restarts inside the attempt after which it is stopped (only where the service restarts jobs)."""
         restarts_inside = self.backend_for(record).capabilities.restarts_inside_job
-        if not restarts_inside or stop_sent(record):  # a stop already sent: its wait only waits for the end
+        if not restarts_inside or stop_sent(self, record):  # a stop taken or sent: its wait only waits for the end
             return None
         return self.engine.restart_limit(record)
 
@@ -394,10 +397,7 @@ class AttemptRunner:
         else:
             if status.never_starts and status.state.terminal:
                 self._remove_unstarted(record, status)
-            planned = record.interruption == names.MOVED_TO_SPOT
-            engine.saw(record, restart_stop_end(record, status))  # a restart limit's stop: a preemption
-            if planned and record.state.terminal and record.state is not JobState.SUCCEEDED:
-                record.interruption = names.MOVED_TO_SPOT  # the stop it asked for, however the service words it
+            engine.saw(record, restart_stop_end(record, status))  # a planned stop's end: see planned_stops.py
         self.persist()
         return engine.ended(record, stopped_by_kill=self.stop.is_set())
 

@@ -1,7 +1,9 @@
 """Back to spot when spot returns (``SpotFallback(spot_return=SpotReturn(...))``, or a ``Ladder``'s), the sync
 wait's side: what the wait reads (under a ladder, spot of the rung a move goes to: ``Ladder.spot_watch``), and the
 planned stop of an on-demand attempt at a checkpoint (see :mod:`gpu_provider.capacity.spot_return` for the policy,
-the trigger for the deferred wait's readings)."""
+the trigger for the deferred wait's readings). The stop is a planned one (:mod:`gpu_provider.engine.planned_stops`):
+only once the service was seen taking it is the attempt's end the move; a job that fails on its own before that
+has failed, and is not resubmitted on spot."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpu_provider import names
 from gpu_provider.backends.base import JobState
+from gpu_provider.engine import planned_stops
 from gpu_provider.engine.attempts import Step, Wait
 from gpu_provider.engine.calls import poll_one
 from gpu_provider.records import AttemptRecord
@@ -50,16 +53,15 @@ def move_to_spot(runner: AttemptRunner, record: AttemptRecord) -> Step:
     if fresh.owner_try is not None and fresh.owner_try > engine.try_number:  # the status says so too
         record.owner_try = fresh.owner_try
         runner.stand_down(record)
+    engine.saw(record, fresh)  # the record knows it runs (a try that finds the move planned reads it so)
     decision = dict(runner.spot_decision or {})
-    record.interruption, record.spot_return = names.MOVED_TO_SPOT, decision
-    runner.persist()  # before the stop: a crash after it still knows the move was planned
+    record.spot_return = decision
     reason = (
         f"{names.SPOT_RETURN_MARK}{decision.get('summary') or 'spot capacity returned'}; the job checkpoints and "
         f"stops, and its next attempt runs on spot; stopped by {runner.label}"
     )
-    if not runner.cancel(record, reason):
-        record.interruption, record.spot_return = None, None
-        runner.persist()
+    # planned before it is sent (a process that dies in between leaves it to be sent again), confirmed once taken
+    if not planned_stops.send(runner, record, names.MOVED_TO_SPOT, reason):
         return Wait(record)
     runner.log.warning(
         "Spot capacity returned: asked %s to checkpoint and stop (%s); the next attempt runs on spot.",

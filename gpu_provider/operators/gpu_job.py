@@ -27,6 +27,7 @@ from gpu_provider.backends.base import (
 )
 from gpu_provider.capacity import CapacityPolicy, Ladder, resolve_capacity, validate_instance_fallback
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
+from gpu_provider.engine.planned_stops import resume_stop
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
 from gpu_provider.engine.watch import ENDED
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
@@ -436,6 +437,9 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 step = Wait(self._submit(context, plan, runner, step))
                 continue
             self._handle, self._backend = step.record.handle, runner.backend_for(step.record)  # on_kill stops this one
+            if (ended := resume_stop(runner, step.record)) is not None:  # a planned stop never seen taken: sent again
+                step = ended
+                continue
             if self.deferrable:
                 self._defer(plan, runner, step.record, deadline)
             try:

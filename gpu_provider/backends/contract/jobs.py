@@ -140,6 +140,12 @@ class JobStatus:
     """For a ``QUEUED`` attempt: the service's reason why it can never start as submitted (AWS Batch
     ``MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT``), else ``None``. A read only reports it: the task that
     owns the attempt stops it and fails; a sensor or another reader never acts on it."""
+    stopping: str | None = None
+    """For an attempt that has not ended yet: the reason of the stop this provider asked for (without
+    :data:`~gpu_provider.names.CANCEL_PREFIX`), where the service shows the stop being taken before the job ends
+    (SageMaker: ``Stopping`` with this provider's stop tag; local: the job's cancel request). ``None``: no stop
+    shown (AWS Batch shows a TerminateJob only by the job's end; Kubernetes reads a stopped object CANCELLED at
+    once). A try reads it to confirm a stop it planned (:mod:`gpu_provider.engine.planned_stops`)."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -68,8 +68,11 @@ def read_status(handle: JobHandle, job_dir: Path, *, backend: str) -> JobStatus:
         status = check_supervisor(job_dir, request, status)
     state = map_state(STATE_TABLE, str(status.get("state")), backend=backend)
     reason = strip_cancel_prefix(str(status.get("reason") or ""))
-    interruption = None
-    if state is JobState.CANCELLED:
+    interruption, stopping = None, None
+    if state.active:  # a stop asked for and not carried out yet: the cancel request says why
+        asked = (common.read_json(job_dir / common.CANCEL_FILE) or {}).get("reason")
+        stopping = strip_cancel_prefix(str(asked)) if asked else None
+    elif state is JobState.CANCELLED:
         asked = str((common.read_json(job_dir / common.CANCEL_FILE) or {}).get("reason") or reason)
         if strip_cancel_prefix(asked).startswith(names.CAPACITY_TIMEOUT_MARK):
             interruption = names.CAPACITY_TIMEOUT
@@ -102,6 +105,7 @@ def read_status(handle: JobHandle, job_dir: Path, *, backend: str) -> JobStatus:
         capacity=str(request.get("capacity") or handle.capacity),
         owner_try=int(owner_try) if owner_try is not None else None,
         collected=bool(marks.get("collected")),
+        stopping=stopping,
     )
 
 

@@ -76,6 +76,8 @@ def status_of(
         reason, interruption = f"SageMaker: {failure or last_message}", names.PREEMPTED
     elif state.active and secondary in mapping._REQUEUE:
         reason = last_message
+    # a stop this provider asked for, being taken (Stopping): the reason its stop tag carries
+    stopping = (stop_reason(tags) or None) if state.active and job.get("TrainingJobStatus") == "Stopping" else None
     restarts = mapping.restarts(job)
     if restarts and state.active and (secondary == mapping.INTERRUPTED or mapping.queued_since(job) is not None):
         words = mapping.interruption_messages(job)[-1] or "spot capacity reclaimed"
@@ -112,6 +114,7 @@ def status_of(
         capacity=names.SPOT if job.get("EnableManagedSpotTraining") else names.ON_DEMAND,
         owner_try=int(owner) if owner.isdigit() else None,
         collected=str(tags.get(names.TAG_COLLECTED) or "").lower() == "true",
+        stopping=stopping,
     )
 
 
