@@ -37,7 +37,8 @@ from gpu_provider.backends.base import (
     provider_config,
     resolve_backend,
 )
-from gpu_provider.engine.runner import read_owner
+from gpu_provider.engine.calls import poll_one, read_owner
+from gpu_provider.engine.fresh import RECHECKED
 from gpu_provider.engine.watch import (
     BUDGET,
     CAPACITY_TIMEOUT,
@@ -462,6 +463,20 @@ class GpuJobTrigger(BaseTrigger):
                         return
                     continue
                 outcome = await asyncio.to_thread(watch.read, item)  # reads logs: not on the event loop
+                if outcome in RECHECKED:
+                    # a stop would follow, and the sample may be stale (a lost or late event, the backstop's
+                    # slow tick): read this one job now and fire only if the condition still holds
+                    fresh = await asyncio.to_thread(poll_one, backend, handle)
+                    if fresh is None:
+                        self.log.warning(
+                            "%s job %s: could not read it now to confirm %s; looking again.",
+                            backend.name,
+                            handle.job_id,
+                            outcome,
+                        )
+                        continue
+                    item = last = fresh
+                    outcome = await asyncio.to_thread(watch.read, item)
                 item = watch.complete(item)
                 if outcome == ENDED:
                     yield self._event(
@@ -534,7 +549,6 @@ class GpuJobTrigger(BaseTrigger):
 
     def _report_kill(self, backend: Backend, handle: JobHandle, reason: str) -> None:
         """The killed attempt's end, once: read from the service after the stop (bounded), priced, reported."""
-        from gpu_provider.engine.runner import poll_one
         from gpu_provider.spend.ended import price_from_dict, report_stopped
 
         spend = self.spend or {}
