@@ -313,6 +313,17 @@ class SharedPoller:
                 queue.put_nowait(item)
 
 
+def read_now(backend: Backend, handle: JobHandle) -> JobStatus | BaseException:
+    """One status read of one job, or the error it failed with (counted like the poller's)."""
+    try:
+        status = backend.poll([handle]).get(handle.job_id)
+    except Exception as err:
+        return err
+    if status is None:
+        return LookupError(f"{backend.name} backend returned no status for job {handle.job_id}")
+    return status
+
+
 class GpuJobTrigger(BaseTrigger):
     """Waits for one attempt of a GPU job to end, or for its spot wait deadline.
 
@@ -449,8 +460,10 @@ class GpuJobTrigger(BaseTrigger):
                         return
                     # no news: while events flow the poller's full tick slows to its backstop, but the
                     # time-based rules (capacity wait, queue timeout, budget) are this task's own and
-                    # run on its poll_interval, from the last status (unchanged, or an event would say)
-                    item = last
+                    # run on its poll_interval, from the last status (unchanged, or an event would say).
+                    # After a failed read, the next read is this trigger's own, at its poll_interval, as the
+                    # worker's wait reads: failed reads count to the give-up at that pace, not the backstop's
+                    item = await asyncio.to_thread(read_now, backend, handle) if watch.errors else last
                 if isinstance(item, JobStatus):
                     last = item
                 if isinstance(item, BaseException):
