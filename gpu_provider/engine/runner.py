@@ -343,8 +343,8 @@ class AttemptRunner:
                 )
                 self.stop.wait(self.cancel_retry_s)
                 return Wait(record)
-            limits = {"restart_limit": self.restart_limit(record), "cost_limit": self.cost_limit(record)}
-            if not still_holds(outcome, fresh, **limits):
+            limit, budget = self.restart_limit(record), self.cost_limit(record)
+            if not still_holds(outcome, fresh, restart_limit=limit, cost_limit=budget):
                 self.log.info(
                     "%s is %s now (%s): its %s no longer holds, so it is not stopped.",
                     self.describe_attempt(record),

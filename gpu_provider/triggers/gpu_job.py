@@ -37,7 +37,7 @@ from gpu_provider.backends.base import (
     provider_config,
     resolve_backend,
 )
-from gpu_provider.engine.calls import poll_one, read_owner
+from gpu_provider.engine.calls import poll_one, read_now, read_owner
 from gpu_provider.engine.fresh import RECHECKED
 from gpu_provider.engine.watch import (
     BUDGET,
@@ -313,17 +313,6 @@ class SharedPoller:
                 queue.put_nowait(item)
 
 
-def read_now(backend: Backend, handle: JobHandle) -> JobStatus | BaseException:
-    """One status read of one job, or the error it failed with (counted like the poller's)."""
-    try:
-        status = backend.poll([handle]).get(handle.job_id)
-    except Exception as err:
-        return err
-    if status is None:
-        return LookupError(f"{backend.name} backend returned no status for job {handle.job_id}")
-    return status
-
-
 class GpuJobTrigger(BaseTrigger):
     """Waits for one attempt of a GPU job to end, or for its spot wait deadline.
 
@@ -481,12 +470,7 @@ class GpuJobTrigger(BaseTrigger):
                     # slow tick): read this one job now and fire only if the condition still holds
                     fresh = await asyncio.to_thread(poll_one, backend, handle)
                     if fresh is None:
-                        self.log.warning(
-                            "%s job %s: could not read it now to confirm %s; looking again.",
-                            backend.name,
-                            handle.job_id,
-                            outcome,
-                        )
+                        self.log.warning("%s job %s: unread now, so no %s yet.", backend.name, handle.job_id, outcome)
                         continue
                     item = last = fresh
                     outcome = await asyncio.to_thread(watch.read, item)
