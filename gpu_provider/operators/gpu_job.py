@@ -183,7 +183,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         check_fixed_options(backend)
         if isinstance(self.capacity, Ladder):  # every rung with its own backend's checks; one checkpoint for all
             uri = None if is_templated(self.checkpoint_uri) else self.checkpoint_uri
-            validate_rungs(self, image or None, uri, image_known=not is_templated(image))
+            validate_rungs(self, image or None, uri, image_known=not is_templated(image), parse=True)
         elif not any_templated(backend):
             known = resolve_backend(backend)
             self._validate_for(known, self._runtime_limit(self.max_runtime_s))
