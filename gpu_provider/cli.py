@@ -214,7 +214,8 @@ def _add_emulator(sub: Any) -> None:
 def run_events_render(args: argparse.Namespace) -> int:
     from gpu_provider.backends.aws.events import render
 
-    print(json.dumps(render(args.backend, queue_arn=args.queue_arn, rule_name=args.rule_name), indent=2))
+    plan = render(args.backend, queue_arn=args.queue_arn, rule_name=args.rule_name, job_queues=args.job_queue)
+    print(json.dumps(plan, indent=2))
     return 0
 
 
@@ -233,6 +234,13 @@ def _add_events(sub: Any) -> None:
     )
     rend.add_argument(
         "--rule-name", default="gpu-provider-job-events", help="the EventBridge rule's name (default %(default)s)"
+    )
+    rend.add_argument(
+        "--job-queue",
+        action="append",
+        metavar="QUEUE",
+        help="batch: a job queue (name or ARN) whose jobs the rule matches; repeat for more (default: the queues "
+        "of [gpu_provider] batch_spot_queue, batch_on_demand_queue and batch_queues_by_instance_type)",
     )
     rend.set_defaults(func=run_events_render)
 

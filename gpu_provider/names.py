@@ -101,6 +101,9 @@ EVENT_STATUSES = frozenset(
 )
 
 # --- tags / labels on every remote job (cost attribution, the reaper, lookup) -------------------
+#: how every remote job's name starts (``gp-<dag>-<task>-<run hash>[-m<map>]-t<try>-a<attempt>``): the
+#: EventBridge rules ``gpu-provider events render`` prints match on it
+JOB_NAME_PREFIX = "gp-"
 TAG_PREFIX = "gpu-provider/"
 TAG_DAG_ID = TAG_PREFIX + "dag-id"
 TAG_TASK_ID = TAG_PREFIX + "task-id"

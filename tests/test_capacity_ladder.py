@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -322,3 +323,34 @@ def test_a_ladders_worst_case_is_its_dearest_rung_at_that_services_price() -> No
     control.rung_places = rung_places(op, tuple(backends))
     total, text = control.worst_case(Submit(1, "spot", rung=0), [])
     assert "(ml.p4d.24xlarge on-demand" in text and total > first_rung_only, text
+
+
+def test_a_rung_no_configured_reaper_sweeps_is_warned_about_when_the_dag_is_parsed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rung in another region or account is swept only when the reaper names its place (issue 36, item 6)."""
+    import logging
+
+    west = {**SAGEMAKER, "aws_conn_id": "aws_west", "region_name": "us-west-2"}
+    ladder = Ladder(LadderRung(BATCH, "spot"), LadderRung(west, "on_demand"))
+    reapers = [BATCH, SAGEMAKER]
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__REAPER_BACKENDS", json.dumps(reapers))
+    with caplog.at_level(logging.WARNING):
+        _operator(capacity=ladder)
+    (warned,) = [r.getMessage() for r in caplog.records if "outside the reaper's scope" in r.getMessage()]
+    assert "capacity.rungs[1] (sagemaker, on-demand) runs on sagemaker (aws_conn_id='aws_west', " in warned
+    assert "region_name='us-west-2')" in warned and "[gpu_provider] reaper_backends sweeps batch" in warned
+    assert "add the rung's backend" in warned
+    # the reaper names the rung's place: no warning; nor for a Batch rung whose queues it sweeps
+    caplog.clear()
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__REAPER_BACKENDS", json.dumps([*reapers, west]))
+    with caplog.at_level(logging.WARNING):
+        _operator(capacity=ladder)
+    assert not [r for r in caplog.records if "outside the reaper's scope" in r.getMessage()]
+    # a Batch rung on a queue the reaper's Batch backend does not list is outside too
+    other_queue = Ladder(LadderRung({**BATCH, "spot_queue": "team-b-spot"}, "spot"), LadderRung(BATCH, "on_demand"))
+    with caplog.at_level(logging.WARNING):
+        _operator(capacity=other_queue)
+    (warned,) = [r.getMessage() for r in caplog.records if "outside the reaper's scope" in r.getMessage()]
+    assert "capacity.rungs[0] (batch, spot) runs on batch (" in warned and "queues " in warned
+    assert "team-b-spot" in warned

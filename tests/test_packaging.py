@@ -151,8 +151,31 @@ def test_the_lowest_supported_set_pins_exactly_the_declared_lower_bounds() -> No
             assert pins.get(name) == version, f"{path.name}: {name}=={pins.get(name)}, pyproject says >={version}"
 
 
+#: the one relative link the README may have: the GPU page's picture, which GitHub shows from the repository
+#: (PyPI shows its alt text: the project declares no public home to make the link absolute with)
+README_PICTURE = "docs/gpu-page.png"
+
+
 def test_the_readme_has_no_link_that_breaks_outside_the_repository() -> None:
     """PyPI shows the README as the project page: a relative link there leads nowhere."""
     text = (REPO / "README.md").read_text()
-    relative = [t for t in re.findall(r"\]\(([^)]+)\)", text) if not t.startswith(("#", "https://", "http://"))]
+    links = re.findall(r"(!?)\[[^\]]*\]\(([^)]+)\)", text)
+    relative = [
+        t for bang, t in links if not t.startswith(("#", "https://", "http://")) and (bang, t) != ("!", README_PICTURE)
+    ]
     assert relative == []
+
+
+def test_the_readme_shows_the_gpu_page_near_the_top_from_the_screenshot_test() -> None:
+    """The front page shows the GPU page: the picture the browser test renews (GPU_PAGE_SCREENSHOT), the one
+    the docs pages show, before the quick start."""
+    text = (REPO / "README.md").read_text()
+    picture = f"]({README_PICTURE})"
+    assert picture in text and text.index(picture) < text.index("## Quick start")
+    assert text[text.rindex("![", 0, text.index(picture)) : text.index(picture)].startswith("![The GPU page")
+    png = (REPO / README_PICTURE).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    screenshot_test = (REPO / "tests" / "integration" / "test_ui_page.py").read_text()
+    assert f"GPU_PAGE_SCREENSHOT={README_PICTURE}" in screenshot_test
+    for page in ("docs/how-to/gpu-page-in-the-ui.md", "docs/reference/gpu-page.md"):
+        assert "../gpu-page.png" in (REPO / page).read_text(), page

@@ -312,6 +312,24 @@ def configured_max_attempt_records() -> int:
     return value
 
 
+def check_spot_return_checkpoint(capacity: CapacityPolicy, checkpoint_uri: str | None, *, rendered: bool) -> None:
+    """Refuse ``spot_return=SpotReturn(...)`` on a task with no checkpoint: each move back to spot is a stop the
+    provider chooses, and without a checkpoint the next attempt starts from the beginning (up to ``max_moves``
+    times). At parse time a templated ``checkpoint=`` passes (it is checked again once rendered, ``rendered``)."""
+    spot_return = capacity.spot_return
+    if spot_return is None or spot_return.max_moves == 0 or checkpoint_uri:
+        return
+    given = "a checkpoint= that rendered empty" if rendered else "no checkpoint="
+    raise ValueError(
+        f"capacity.spot_return=SpotReturn(max_moves={spot_return.max_moves}) on a task with {given}: each move "
+        "back to spot stops the job at the provider's choice, and without a "
+        f"checkpoint the next attempt would start from the beginning, up to {spot_return.max_moves} time(s) per "
+        "run. Allowed: spot_return with a checkpoint (checkpoint=Checkpoint(uri='s3://bucket/prefix/{{ run_id | "
+        "path_segment }}') or a URI string), or spot_return=None (or SpotReturn(max_moves=0)). Next step: give the "
+        "task a checkpoint= that its job writes, or remove spot_return."
+    )
+
+
 def warn_spot_without_checkpoint(
     task_id: str, capacity: CapacityPolicy, checkpoint_uri: str | None, max_runtime_s: float | None
 ) -> None:

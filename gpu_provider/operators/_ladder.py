@@ -4,6 +4,8 @@ first rung's, every rung is checked by its own backend, and each attempt is pric
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpu_provider.capacity import Ladder
@@ -14,6 +16,8 @@ if TYPE_CHECKING:
     from gpu_provider.job import GpuResources
     from gpu_provider.operators.gpu_job import GpuJobOperator
     from gpu_provider.records import AttemptRecord
+
+log = logging.getLogger(__name__)
 
 
 def ladder_backend(capacity: Any, backend: Any) -> Any:
@@ -29,10 +33,17 @@ def ladder_backend(capacity: Any, backend: Any) -> Any:
 
 
 def validate_rungs(
-    operator: GpuJobOperator, image: str | None, checkpoint_uri: str | None, *, image_known: bool = True
+    operator: GpuJobOperator,
+    image: str | None,
+    checkpoint_uri: str | None,
+    *,
+    image_known: bool = True,
+    parse: bool = False,
 ) -> list[Backend]:
     """Check every rung with its own backend (resources, capacity, image, priority, runtime), and the one
-    checkpoint all of them read (``checkpoint_uri`` ``None``: not known yet). Returns the rungs' backends."""
+    checkpoint all of them read (``checkpoint_uri`` ``None``: not known yet). Returns the rungs' backends.
+
+    :param parse: the DAG is being parsed: also warn about rungs no configured reaper sweeps"""
     ladder = operator.capacity
     assert isinstance(ladder, Ladder)
     backends = ladder.validate_rungs(
@@ -43,7 +54,38 @@ def validate_rungs(
         max_runtime_s=operator._runtime_limit(operator.max_runtime_s),
     )
     ladder.check_checkpoint(checkpoint_uri)
+    if parse:
+        warn_unswept_rungs(operator.task_id, ladder, backends)
     return backends
+
+
+def unswept_rungs(ladder: Ladder, backends: Sequence[Backend]) -> list[str]:
+    """One line per rung of ``ladder`` (its ``backends``) outside every configured reaper's scope."""
+    from gpu_provider.spend.scope import configured_reapers, describe, scope_text, unswept
+
+    try:
+        reapers = configured_reapers()
+    except (TypeError, ValueError) as err:  # a bad reaper_backends fails the reaper's own DAG: say so here
+        return [f"the reaper's scope cannot be read ({err}): its rungs may not be swept"]
+    lines = [
+        f"capacity.rungs[{i}] ({ladder.rungs[i].backend_name}, {ladder.rungs[i].capacity}) runs on "
+        f"{describe(backends[i])}, outside the reaper's scope ({scope_text(reapers)})"
+        for i in unswept(backends, reapers)
+    ]
+    return lines
+
+
+def warn_unswept_rungs(task_id: str, ladder: Ladder, backends: Sequence[Backend]) -> None:
+    """Warn (when the DAG is parsed) about rungs whose jobs no reaper pass would see: such a job, left behind by
+    a task that is gone, keeps billing until someone stops it by hand."""
+    for line in unswept_rungs(ladder, backends):
+        log.warning(
+            "Task %r: %s. A job of this rung that outlives its task is not stopped by the reaper: add the rung's "
+            "backend (the mapping with its connection, region and queues) to [gpu_provider] reaper_backends "
+            "(or GpuReaperOperator(backends=...)).",
+            task_id,
+            line,
+        )
 
 
 def rung_places(operator: GpuJobOperator, backends: tuple[Backend, ...]) -> list[tuple[Backend, GpuResources, str]]:

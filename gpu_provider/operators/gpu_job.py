@@ -40,6 +40,7 @@ from gpu_provider.operators._fields import (
     check_fixed_options,
     check_rendered_fixed_options,
     check_secrets_in_env,
+    check_spot_return_checkpoint,
     check_team_quota,
     configured_max_attempt_records,
     configured_poll_interval,
@@ -183,7 +184,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         check_fixed_options(backend)
         if isinstance(self.capacity, Ladder):  # every rung with its own backend's checks; one checkpoint for all
             uri = None if is_templated(self.checkpoint_uri) else self.checkpoint_uri
-            validate_rungs(self, image or None, uri, image_known=not is_templated(image))
+            validate_rungs(self, image or None, uri, image_known=not is_templated(image), parse=True)
         elif not any_templated(backend):
             known = resolve_backend(backend)
             self._validate_for(known, self._runtime_limit(self.max_runtime_s))
@@ -191,6 +192,8 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 known.validate_image(image or None)
         elif isinstance(backend, Mapping) and not is_templated(backend.get("name")):
             check_backend_name(str(backend.get("name")))
+        if not is_templated(self.checkpoint_uri):  # a templated one is checked once rendered (_plan)
+            check_spot_return_checkpoint(self.capacity, self.checkpoint_uri, rendered=False)
         warn_spot_without_checkpoint(self.task_id, self.capacity, self.checkpoint_uri, self.max_runtime_s)
         check_secrets_in_env(self.task_id, env, backend)
         check_team_quota(team, priority)
@@ -236,6 +239,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         image = self.image or None
         rungs: tuple[Backend, ...] = ()
         checkpoint_uri = validate_checkpoint_uri(self.checkpoint_uri) if self.checkpoint_uri else None
+        check_spot_return_checkpoint(self.capacity, checkpoint_uri, rendered=True)
         if isinstance(self.capacity, Ladder):  # rung 0 is the task's backend: one object
             rungs = (backend, *validate_rungs(self, image, checkpoint_uri)[1:])
         else:

@@ -7,60 +7,21 @@ few minutes (``dags/gpu_reaper.py`` runs it every 15).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from gpu_provider.backends.base import Backend, provider_config, registered_backends, resolve_backend
-from gpu_provider.extras import BACKEND_EXTRAS, MissingExtraError, missing_modules
+from gpu_provider.backends.base import Backend, provider_config, resolve_backend
 from gpu_provider.job import to_bool, to_seconds
+from gpu_provider.spend.scope import backend_list, installed_backends
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 #: the Airflow connection of the REST API the reaper asks (``[gpu_provider] reaper_airflow_conn_id``)
 DEFAULT_AIRFLOW_CONN_ID = "airflow_api"
-
-
-def _installed_backends() -> tuple[list[Backend], dict[str, str]]:
-    """Every registered backend that can be built here, and why each of the others was skipped.
-
-    The default when no backends are named: a base install (no service extras) sweeps the local
-    backend and says which backends it skipped, instead of failing the DAG's parse.
-    """
-    found: list[Backend] = []
-    skipped: dict[str, str] = {}
-    for name in registered_backends():
-        extra = BACKEND_EXTRAS.get(name)
-        missing = missing_modules(extra) if extra else []
-        if missing:
-            skipped[name] = f"its extra [{extra}] is not installed (missing: {', '.join(missing)})"
-            continue
-        try:
-            found.append(resolve_backend(name))
-        except MissingExtraError as err:
-            skipped[name] = str(err)
-    return found, skipped
-
-
-def _backend_list(value: Any) -> list[Any] | None:
-    """The backends named by ``value`` or ``[gpu_provider] reaper_backends``; ``None``: none named."""
-    if value is None or value == "":
-        text = provider_config("reaper_backends")
-        if not text:
-            return None
-        value = text
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            value = [v.strip() for v in value.split(",") if v.strip()]
-    if isinstance(value, (Backend, Mapping)) or not isinstance(value, Sequence):
-        value = [value]
-    return list(value)
 
 
 class GpuReaperOperator(BaseOperator):
@@ -94,11 +55,11 @@ class GpuReaperOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        named = _backend_list(backends)
+        named = backend_list(backends)
         #: registered backends left out of the default sweep, and why (logged by each pass)
         self.skipped_backends: dict[str, str] = {}
         if named is None:
-            self.backends, self.skipped_backends = _installed_backends()
+            self.backends, self.skipped_backends = installed_backends()
         else:
             self.backends = [resolve_backend(b) for b in named]
         conn_id = airflow_conn_id or provider_config("reaper_airflow_conn_id") or DEFAULT_AIRFLOW_CONN_ID

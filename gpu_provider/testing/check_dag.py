@@ -35,6 +35,7 @@ def _check_one_dag(dag: Any, prefix: str) -> CheckReport:
     for task in dag.tasks:
         if not isinstance(task, GpuJobOperator):
             continue
+        report.findings += _reaper_scope(task, prefix)
         if not task.checkpoint_uri:
             continue
         try:
@@ -89,6 +90,28 @@ def _check_one_dag(dag: Any, prefix: str) -> CheckReport:
                 )
             )
     return report
+
+
+def _reaper_scope(task: Any, prefix: str) -> list[Finding]:
+    """A ladder's rungs outside the scope of the reaper this process's configuration gives (``None``: this
+    machine's ``[gpu_provider] reaper_backends`` may not be the deployment's)."""
+    from gpu_provider.capacity import Ladder
+    from gpu_provider.operators._ladder import unswept_rungs
+
+    if not isinstance(task.capacity, Ladder):
+        return []
+    lines = unswept_rungs(task.capacity, [rung.build() for rung in task.capacity.rungs])
+    if not lines:
+        return [Finding("reaper_scope", True, f"{len(task.capacity.rungs)} rung(s) swept", prefix + task.task_id)]
+    return [
+        Finding(
+            "reaper_scope",
+            None,
+            f"{line}: add the rung's backend to [gpu_provider] reaper_backends, or its jobs outlive a gone task",
+            prefix + task.task_id,
+        )
+        for line in lines
+    ]
 
 
 def check_dag_run(run: Any) -> CheckReport:

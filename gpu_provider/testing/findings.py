@@ -12,6 +12,7 @@ CHECKS = {
     "newest": "resumes from the newest checkpoint on a restart",
     "output": "declares its output",
     "unique_uri": "checkpoint URI unique per run",
+    "reaper_scope": "every ladder rung swept by the reaper configured here",
 }
 
 

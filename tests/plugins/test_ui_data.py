@@ -289,3 +289,29 @@ def test_a_ladders_attempts_show_their_own_service_and_region_and_link_there() -
     rows = [shown["w2"]]
     _add_links(rows)
     assert "_spec" not in rows[0] and "us-west-2" in str(rows[0]["console_url"]), rows[0]
+
+
+def test_the_page_names_a_ladders_rung_that_no_reaper_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rung in another region ran attempts: unless the configured reaper sweeps that place, the page says so
+    (once per task and place); a rung the reaper sweeps, and an attempt on the task's own backend, say nothing."""
+    from gpu_provider.plugins.ui import queries
+
+    role = "arn:aws:iam::123456789012:role/r"
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__REAPER_BACKENDS", json.dumps([{"name": "sagemaker", "role_arn": role}]))
+    west = {"name": "sagemaker", "region_name": "us-west-2", "aws_conn_id": "aws_west", "role_arn": role}
+    home = {"name": "sagemaker", "role_arn": role}
+    rows = [
+        row(
+            record("w1", rung=1, backend_spec=west),
+            record("w2", attempt=2, rung=1, backend_spec=west),
+            record("h3", attempt=3, rung=0, backend_spec=home),
+            record("p4", attempt=4),
+        )
+    ]
+    attempts = data.attempts_of(rows, {}, NOW)
+    (line,) = data.unswept(attempts, queries.unswept_place())
+    assert line.startswith("d.t ran attempts on sagemaker (aws_conn_id='aws_west', region_name='us-west-2')"), line
+    assert "which no reaper sweeps ([gpu_provider] reaper_backends)" in line
+    # once the reaper names that place too, nothing is left to say
+    monkeypatch.setenv("AIRFLOW__GPU_PROVIDER__REAPER_BACKENDS", json.dumps([home, west]))
+    assert data.unswept(attempts, queries.unswept_place()) == []

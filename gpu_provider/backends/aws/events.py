@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpu_provider import names
 from gpu_provider.backends.aws.calls import Clients
 from gpu_provider.backends.base import EventSink, EventSource, provider_config
 
@@ -116,26 +117,85 @@ def queue_events(setting: str, clients: Clients) -> QueueEvents | None:
     return QueueEvents(url, clients, wait_seconds=int(raw_wait))
 
 
-def render(backend: str, *, queue_arn: str, rule_name: str) -> dict[str, Any]:
+def configured_job_queues() -> list[str]:
+    """The Batch job queues of the ``[gpu_provider]`` config (``batch_spot_queue``, ``batch_on_demand_queue``,
+    ``batch_queues_by_instance_type``), each once, in that order; ``[]`` when none is set."""
+    from gpu_provider.backends.batch.options import queues_by_instance_type
+
+    found = [provider_config("batch_spot_queue"), provider_config("batch_on_demand_queue")]
+    for per_capacity in queues_by_instance_type(None).values():
+        found += per_capacity.values()
+    return list(dict.fromkeys(q for q in found if q))
+
+
+def _queue_arn(queue: str, region: str, account: str) -> str:
+    """A Batch job queue as its ARN (what the event's ``jobQueue`` holds): a name becomes the ARN of that queue in
+    the rule's own account and region (the only ones whose events the rule sees); an ARN is kept."""
+    if queue.startswith("arn:"):
+        parts = queue.split(":", 5)
+        if len(parts) != 6 or parts[2] != "batch" or not parts[5].startswith("job-queue/"):
+            raise ValueError(
+                f"job queue {queue!r}: an ARN must be a Batch job queue's, arn:aws:batch:REGION:ACCOUNT:job-queue/NAME"
+            )
+        return queue
+    if not queue or "/" in queue or ":" in queue:
+        raise ValueError(f"job queue {queue!r}: must be a Batch job queue name or ARN")
+    return f"arn:aws:batch:{region}:{account}:job-queue/{queue}"
+
+
+def render(
+    backend: str,
+    *,
+    queue_arn: str,
+    rule_name: str,
+    job_queues: Sequence[str] | None = None,
+    name_prefix: str = names.JOB_NAME_PREFIX,
+) -> dict[str, Any]:
     """What to create for ``backend``'s events (``batch`` or ``sagemaker``), as JSON-ready data: the
-    EventBridge rule's pattern and target, the SQS queue's attributes and policy, and the IAM statements
-    the triggerer's role needs. No AWS call."""
-    if backend == "batch":
-        pattern: dict[str, Any] = {
-            "source": ["aws.batch"],
-            "detail-type": [BATCH_DETAIL_TYPE],
-            "detail": {"status": ["RUNNING", "SUCCEEDED", "FAILED"]},
-        }
-        setting = "batch_events_queue_url"
-    elif backend == "sagemaker":
-        pattern = {"source": ["aws.sagemaker"], "detail-type": [SAGEMAKER_DETAIL_TYPE]}
-        setting = "sagemaker_events_queue_url"
-    else:
-        raise ValueError(f"backend={backend!r}: events come from EventBridge for batch and sagemaker only")
+    EventBridge rule's pattern and target, the SQS queue's attributes and policy, the IAM statements
+    the triggerer's role needs, and in words what the rule matches. No AWS call.
+
+    The rule matches the provider's jobs only: their names start with ``name_prefix`` (every attempt's name is
+    ``gp-<dag>-<task>-<run hash>-t<try>-a<attempt>``, :class:`~gpu_provider.backends.contract.identity.JobIdentity`),
+    and on Batch they are in one of ``job_queues`` (names or ARNs; default: the configured queues,
+    :func:`configured_job_queues`; none known: any queue). Other jobs of the account (another team's) never
+    reach the queue.
+    """
     parts = queue_arn.split(":")
     if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or not all(parts[3:]):
         raise ValueError(f"queue_arn={queue_arn!r}: must be an SQS queue ARN, arn:aws:sqs:REGION:ACCOUNT:NAME")
     region, account, name = parts[3], parts[4], parts[5]
+    if not isinstance(name_prefix, str) or not name_prefix:
+        raise ValueError(f"name_prefix={name_prefix!r}: must be the provider's job-name prefix, e.g. 'gp-'")
+    prefix = [{"prefix": name_prefix}]
+    if backend == "batch":
+        given = configured_job_queues() if job_queues is None else job_queues
+        queues = list(dict.fromkeys(_queue_arn(q.strip(), region, account) for q in given))
+        detail: dict[str, Any] = {"status": ["RUNNING", "SUCCEEDED", "FAILED"], "jobName": prefix}
+        if queues:
+            detail["jobQueue"] = queues
+        pattern: dict[str, Any] = {"source": ["aws.batch"], "detail-type": [BATCH_DETAIL_TYPE], "detail": detail}
+        where = f"in the job queue(s) {', '.join(queues)}" if queues else "in any job queue (none given or configured)"
+        matches = (
+            f"AWS Batch jobs of account {account} in {region} whose name starts with {name_prefix!r}, {where}, "
+            "when they become RUNNING, SUCCEEDED or FAILED"
+        )
+        setting = "batch_events_queue_url"
+    elif backend == "sagemaker":
+        if job_queues:
+            raise ValueError("job queues are AWS Batch's: give --job-queue with --backend batch only")
+        pattern = {
+            "source": ["aws.sagemaker"],
+            "detail-type": [SAGEMAKER_DETAIL_TYPE],
+            "detail": {"TrainingJobName": prefix},
+        }
+        matches = (
+            f"SageMaker training jobs of account {account} in {region} whose name starts with {name_prefix!r}, "
+            "at every status change"
+        )
+        setting = "sagemaker_events_queue_url"
+    else:
+        raise ValueError(f"backend={backend!r}: events come from EventBridge for batch and sagemaker only")
     rule_arn = f"arn:aws:events:{region}:{account}:rule/{rule_name}"
     return {
         "rule": {
@@ -144,6 +204,7 @@ def render(backend: str, *, queue_arn: str, rule_name: str) -> dict[str, Any]:
             "State": "ENABLED",
             "Targets": [{"Id": "gpu-provider-queue", "Arn": queue_arn}],
         },
+        "matches": matches,
         "queue": {
             "QueueName": name,
             "Attributes": {"MessageRetentionPeriod": str(RETENTION_S), "ReceiveMessageWaitTimeSeconds": "20"},

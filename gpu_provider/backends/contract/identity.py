@@ -41,7 +41,7 @@ class TaskKey:
     def prefix(self) -> str:
         """The name prefix every attempt of this task instance shares (DNS-1123 safe, <= 50 chars)."""
         mi = f"-m{self.map_index}" if self.map_index >= 0 else ""
-        return f"gp-{_slug(self.dag_id, 14)}-{_slug(self.task_id, 14)}-{self.run_hash}{mi}"
+        return f"{names.JOB_NAME_PREFIX}{_slug(self.dag_id, 14)}-{_slug(self.task_id, 14)}-{self.run_hash}{mi}"
 
 
 @dataclass(frozen=True)

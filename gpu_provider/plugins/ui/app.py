@@ -71,6 +71,7 @@ class _View:
             "live_backends": snap.live.backends,
             "live_jobs": len(self.live),
             "live_errors": queries.visible_errors(snap.live, self.every_dag),
+            "unswept": data.unswept(self.attempts, queries.unswept_place()),
             "all_dags": self.every_dag,
             "version": __version__,
         }

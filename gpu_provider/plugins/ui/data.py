@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -448,6 +448,24 @@ def daily_cost(attempts: Sequence[Attempt], days: int, now: float) -> dict[str, 
         "teams": {team: [round(v, 4) for v in values] for team, values in sorted(series.items())},
         "y_axis": axis(max(totals, default=0.0), money=True),
     }
+
+
+def unswept(attempts: Sequence[Attempt], place_of: Callable[[Mapping[str, Any]], str | None]) -> list[str]:
+    """One line per task whose attempts ran on a ladder rung no configured reaper sweeps (``place_of``: the place
+    of a rung's backend mapping when no reaper sweeps it, else ``None``), newest task first."""
+    lines: dict[tuple[str, str, str], str] = {}
+    for attempt in sorted(attempts, key=lambda a: a.start or 0.0, reverse=True):
+        spec = attempt.record.backend_spec
+        if not spec:
+            continue
+        place = place_of(spec)
+        key = (attempt.row.dag_id, attempt.row.task_id, place or "")
+        if place is not None and key not in lines:
+            lines[key] = (
+                f"{attempt.row.dag_id}.{attempt.row.task_id} ran attempts on {place}, which no reaper sweeps "
+                "([gpu_provider] reaper_backends): a job there that outlives its task keeps billing"
+            )
+    return list(lines.values())
 
 
 def running(attempts: Sequence[Attempt], now: float) -> list[dict[str, Any]]:

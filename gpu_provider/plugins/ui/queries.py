@@ -60,6 +60,32 @@ def ui_backends() -> list[Backend]:
     return [resolve_backend(v) for v in value]
 
 
+def unswept_place() -> Callable[[Mapping[str, Any]], str | None]:
+    """For :func:`~gpu_provider.plugins.ui.data.unswept`: the place of a rung's backend mapping when no backend of
+    the configured reaper (:func:`gpu_provider.spend.scope.configured_reapers`) sweeps it, else ``None``; a
+    mapping this server cannot build (its extra missing) is left out."""
+    from gpu_provider.spend.scope import configured_reapers, describe, sweeps
+
+    try:
+        reapers = configured_reapers()
+    except Exception:  # the reaper's own DAG fails on a bad reaper_backends: the page does not judge then
+        return lambda spec: None
+    known: dict[str, str | None] = {}
+
+    def place_of(spec: Mapping[str, Any]) -> str | None:
+        key = json.dumps(spec, sort_keys=True, default=str)
+        if key not in known:
+            try:
+                backend = resolve_backend(dict(spec))
+            except Exception:
+                known[key] = None
+            else:
+                known[key] = None if any(sweeps(r, backend) for r in reapers) else describe(backend)
+        return known[key]
+
+    return place_of
+
+
 class RecordCache:
     """Parsed attempt records by state store row, so that a refresh fetches and parses only the rows
     written since the last one (a row is rewritten whenever its task's attempts change)."""

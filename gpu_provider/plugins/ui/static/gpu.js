@@ -287,6 +287,7 @@
       drawCost(cost);
       const meta = summary || running;
       const notes = meta.live_errors.map((e) => `Live state: ${e}`);
+      (meta.unswept || []).forEach((u) => notes.push(`Not swept by the reaper: ${u}`));
       if (meta.truncated) notes.push(`Only the newest ${meta.max_task_rows} task instances are counted.`);
       showErrors(notes);
       document.getElementById("status").textContent = `updated ${when(meta.generated_at)}`;
