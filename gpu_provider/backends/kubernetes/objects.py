@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpu_provider import names
@@ -187,7 +187,7 @@ class Objects:
         first send was refused with 409; after a send answered 5xx, that send may have created it)."""
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         api = self.api
-        send = {
+        send: Callable[[], dict[str, Any]] = {
             "Pod": lambda: raw(api.core.create_namespaced_pod, self.namespace, manifest),
             "Job": lambda: raw(api.batch.create_namespaced_job, self.namespace, manifest),
             "Service": lambda: raw(api.core.create_namespaced_service, self.namespace, manifest),
