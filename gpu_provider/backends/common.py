@@ -193,3 +193,9 @@ def attempt_in_name(name: str) -> int | None:
     """The attempt number at the end of a job's name (``...-t2-a3`` -> 3); ``None`` for another name."""
     match = ATTEMPT_NAME_END.search(name)
     return int(match.group(2)) if match else None
+
+
+def try_in_name(name: str) -> int | None:
+    """The Airflow try number at the end of a job's name (``...-t2-a3`` -> 2); ``None`` for another name."""
+    match = ATTEMPT_NAME_END.search(name)
+    return int(match.group(1)) if match else None

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_provider.backends.base import JobState, JobStatus
+from gpu_provider.backends.common import try_in_name
 from gpu_provider.capacity import CapacityPolicy, Interruption
 from gpu_provider.exceptions import (
     GpuJobCancelledError,
@@ -129,6 +130,24 @@ def describe(backend_name: str, record: AttemptRecord) -> str:
     # the attempt's own backend (a ladder's rung on another service), else the task's
     backend_name = record.handle.backend or backend_name
     return f"{backend_name} job {record.name} (id {record.job_id}, attempt {record.attempt}, {record.capacity})"
+
+
+def started_by(record: AttemptRecord) -> int | None:
+    """The Airflow try that submitted ``record``'s attempt: the record's, else the one in the job's name
+    (:attr:`~gpu_provider.backends.base.JobIdentity.name`, for a job found by the backend's lookup)."""
+    return record.try_number if record.try_number is not None else try_in_name(record.name)
+
+
+def reattached(backend_name: str, record: AttemptRecord, found: str) -> str:
+    """What the task log says when a try adopts a job it did not submit itself, in one wording on every
+    backend and path (``found``: how it was found): ``Reattached to <backend> job <name> (started by try N;
+    ...)``. A trigger rebuilt after a triggerer restart adopts nothing: it does not say it."""
+    by = started_by(record)
+    return (
+        f"Reattached to {record.handle.backend or backend_name} job {record.name} (started by "
+        f"{f'try {by}' if by is not None else 'an earlier try'}; id {record.job_id}, attempt {record.attempt}, "
+        f"{record.capacity}), found {found}"
+    )
 
 
 def reason_clause(record: AttemptRecord) -> str:

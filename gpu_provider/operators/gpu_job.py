@@ -26,7 +26,7 @@ from gpu_provider.backends.base import (
     resolve_backend,
 )
 from gpu_provider.capacity import CapacityPolicy, Ladder, resolve_capacity, validate_instance_fallback
-from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait
+from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Succeed, Wait, reattached
 from gpu_provider.engine.planned_stops import resume_stop
 from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
 from gpu_provider.engine.watch import ENDED
@@ -304,18 +304,18 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
         step = runner.engine.resume()
+        if isinstance(step, (Wait, Succeed)):  # left by an earlier try (or an earlier execution of this one)
+            stored_ids = {r.job_id for r in stored}
+            how = "in the task state store" if step.record.job_id in stored_ids else "by the backend's lookup"
+            then = f"it is {step.record.state.value}: watching it, not submitting a new one"
+            if isinstance(step, Succeed):
+                then = "it already succeeded: returning its result"
+            self.log.info("%s; %s.", reattached(plan.backend.name, step.record, how), then)
         if isinstance(step, Wait):
-            self.log.info(
-                "Reattaching to %s left by an earlier try (%s); not submitting a new one.",
-                runner.describe_attempt(step.record),
-                step.record.state.value,
-            )
             self._handle = step.record.handle
             self._backend = runner.backend_for(step.record)
             runner.take_over(step.record)
             self._publish_link(context, self._backend, step.record.handle)
-        elif isinstance(step, Succeed):
-            self.log.info("Job %s of an earlier try already succeeded; returning its result.", step.record.job_id)
         return self._run(context, plan, runner, step, self._deadline(context))
 
     def execute_complete(
@@ -524,20 +524,26 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         backend = runner.backend_for_rung(step.rung)  # a capacity ladder's rung, else the task's backend
         resume_from = latest_checkpoint(backend, plan.checkpoint_uri)
         request = attempt_request(self, self._task_key(context), plan, runner, step, resume_from)
-        handle = self._handle = backend.submit(request)
-        self._backend = backend
-        self.log.info(
-            "Submitted %s job %s (attempt %d, %s capacity, %s GPU(s) x %d node(s)), %s; env keys: %s",
-            backend.name if step.rung is None else f"{backend.name} (ladder rung {step.rung})",
-            handle.job_id,
-            step.attempt,
-            f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity,
-            self.gpu_resources.gpus,
-            self.gpu_resources.nodes,
-            f"resuming from {resume_from}" if resume_from else "starting fresh (no checkpoint yet)",
-            ", ".join(sorted(request.env)) or "-",
-        )
+        handle, adopted = backend.submit(request).take_adopted()
+        self._handle, self._backend = handle, backend
         record = runner.engine.record_for(handle.job_id)  # an adopted job (create-or-adopt) keeps its record
+        if adopted:  # the submit found this attempt created by another execution of the task (create-or-adopt)
+            self.log.info(
+                "%s; watching it, not submitting a second one.",
+                reattached(backend.name, record or AttemptRecord.new(handle), "by its name when submitting"),
+            )
+        else:
+            self.log.info(
+                "Submitted %s job %s (attempt %d, %s capacity, %s GPU(s) x %d node(s)), %s; env keys: %s",
+                backend.name if step.rung is None else f"{backend.name} (ladder rung {step.rung})",
+                handle.job_id,
+                step.attempt,
+                f"{step.capacity}, {step.instance_type}" if step.instance_type else step.capacity,
+                self.gpu_resources.gpus,
+                self.gpu_resources.nodes,
+                f"resuming from {resume_from}" if resume_from else "starting fresh (no checkpoint yet)",
+                ", ".join(sorted(request.env)) or "-",
+            )
         if record is None:
             record = AttemptRecord.new(handle, resume_from=resume_from, try_number=plan.try_number)
             record.instance_choice = record.instance_type = step.instance_type

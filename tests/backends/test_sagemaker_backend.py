@@ -235,6 +235,7 @@ def test_a_lost_create_answer_adopts_the_job_it_created(sagemaker: SageMakerWorl
     assert len(creates) == 2 and creates[0]["lost"] == "disconnect", creates  # sent again, answered ResourceInUse
     assert creates[1]["status"] == 400
     assert handle.name == request.identity.name and handle.extra["job_arn"]
+    assert handle.take_adopted()[1] is False, "the job this submit created itself is no reattach"
     assert [h.job_id for h in backend.find_existing(request.identity.task)] == [handle.job_id]
 
 

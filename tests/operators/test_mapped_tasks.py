@@ -75,12 +75,12 @@ def test_each_map_index_is_its_own_job_and_reattaches_to_its_own_after_a_crash(h
     assert [i for i in range(SWEEP) if _pids(harness.tmp / f"pids{i}")] == [first], "one map index ran so far"
 
     retry = harness.start(dag_file, "mapped_local")
-    wait_for(lambda: "Reattaching to local job" in retry[2].read_text(), 180, f"map index {first} to reattach")
+    wait_for(lambda: "Reattached to local job" in retry[2].read_text(), 180, f"map index {first} to reattach")
     release.touch()
     run = harness.finish(*retry, timeout=300)
     assert run.state.endswith("success"), run.log[-4000:]
-    assert run.log.count("Reattaching to local job") == 1, f"only map index {first} had a job to reattach to"
-    assert f"-m{first}-" in run.log.split("Reattaching to local job", 1)[1].split("\n", 1)[0]
+    assert run.log.count("Reattached to local job") == 1, f"only map index {first} had a job to reattach to"
+    assert f"-m{first}-" in run.log.split("Reattached to local job", 1)[1].split("\n", 1)[0]
     tasks = [run[f"sweep[{i}]"] for i in range(SWEEP)]
     assert [t.state for t in tasks] == ["success"] * SWEEP
     assert [len(t.attempts) for t in tasks] == [1] * SWEEP

@@ -345,7 +345,7 @@ class BatchBackend(Backend):
                     existing.name,
                     existing.job_id,
                 )
-                return existing
+                return existing.as_adopted()
             body = self.submit_body(request, arn.result(), priority=request.priority)
         try:
             job_id, job_arn = self._send_submit(identity, body)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from gpu_provider.backends.contract.identity import JobIdentity, TaskKey
 from gpu_provider.backends.contract.states import JobState
 from gpu_provider.exceptions import GpuJobStatusError
 from gpu_provider.job import CAPACITY_TYPES, GpuResources
+
+#: the key of :meth:`JobHandle.as_adopted`'s mark in a handle's ``extra``
+ADOPTED = "adopted_at_submit"
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,18 @@ class JobHandle:
         d = asdict(self)
         d["extra"] = dict(self.extra)
         return d
+
+    def as_adopted(self) -> JobHandle:
+        """This handle, marked as the answer of a :meth:`~gpu_provider.backends.base.Backend.submit` that found
+        the attempt existing already (created by another execution of the task, not by this call): the
+        operator says so in the task log and takes the mark off (:meth:`take_adopted`) before keeping it."""
+        return replace(self, extra={**self.extra, ADOPTED: True})
+
+    def take_adopted(self) -> tuple[JobHandle, bool]:
+        """This handle without the mark of :meth:`as_adopted`, and whether it had it."""
+        if not self.extra.get(ADOPTED):
+            return self, False
+        return replace(self, extra={k: v for k, v in self.extra.items() if k != ADOPTED}), True
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobHandle:

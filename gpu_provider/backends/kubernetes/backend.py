@@ -232,7 +232,7 @@ class KubernetesBackend(Backend):
         built = self.manifests(request)
         identity = request.identity
         kind = POD if request.resources.nodes == 1 else JOB
-        created = self._objects.create(built[0], identity.task)
+        created, existed = self._objects.create(built[0], identity.task)
         if kind == JOB:
             service = dict(built[1])
             owner = {
@@ -252,7 +252,8 @@ class KubernetesBackend(Backend):
             request.capacity,
             self.placement(request).node_pool or "any",
         )
-        return handle_of(created, kind, backend=self.name, namespace=self.namespace)
+        handle = handle_of(created, kind, backend=self.name, namespace=self.namespace)
+        return handle.as_adopted() if existed else handle
 
     def poll(self, handles: Sequence[JobHandle]) -> PollResult:
         """The pods (and Jobs) of ``handles`` and nothing else that ended (which LISTs:

@@ -7,7 +7,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpu_provider import names
@@ -181,18 +181,26 @@ class Objects:
         pods.sort(key=lambda p: (rank_of(p), str((p.get("metadata") or {}).get("creationTimestamp"))))
         return pods
 
-    def create(self, manifest: dict[str, Any], task: TaskKey) -> dict[str, Any]:
+    def create(self, manifest: dict[str, Any], task: TaskKey) -> tuple[dict[str, Any], bool]:
         """Create ``manifest``; an object of that name already there is adopted when it belongs to ``task``
-        (or to no task), else refused."""
+        (or to no task), else refused. Returns the object and whether it was there before this call (the
+        first send was refused with 409; after a send answered 5xx, that send may have created it)."""
         kind, name = manifest["kind"], manifest["metadata"]["name"]
         api = self.api
-        create = {
+        send: Callable[[], dict[str, Any]] = {
             "Pod": lambda: raw(api.core.create_namespaced_pod, self.namespace, manifest),
             "Job": lambda: raw(api.batch.create_namespaced_job, self.namespace, manifest),
             "Service": lambda: raw(api.core.create_namespaced_service, self.namespace, manifest),
         }[kind]
+        sends = 0
+
+        def create() -> dict[str, Any]:
+            nonlocal sends
+            sends += 1
+            return send()
+
         try:
-            return call(f"create {kind} {name}", create)
+            return call(f"create {kind} {name}", create), False
         except Exception as err:
             if status_of(err) != 409:
                 if status_of(err) in (400, 403, 422):
@@ -210,7 +218,7 @@ class Objects:
                 f"({task_of(existing)}); not adopting it"
             )
         log.info("Kubernetes %s %s/%s exists already for this attempt: adopting it.", kind, self.namespace, name)
-        return existing
+        return existing, sends == 1
 
     def patch(self, kind: str, name: str, body: Mapping[str, Any], *, what: str) -> dict[str, Any]:
         """PATCH the Pod or Job ``name`` with ``body`` (a merge patch); ``what`` names the call in errors."""

@@ -260,7 +260,7 @@ class LocalBackend(Backend):
             ) from err
         if existing is not None:
             log.info("local job %s exists already (submitted before): adopting it", existing.job_id)
-            return existing
+            return existing.as_adopted()
         spot_index = folders.previous_spot_attempts(jobs, identity.task) if request.capacity == names.SPOT else None
         preempt_after = (
             self.simulate_preemptions[spot_index]
@@ -305,7 +305,7 @@ class LocalBackend(Backend):
         if adopted is not None:
             common.remove_work_dir(work_dir)
             log.info("local job %s was submitted at the same moment by another caller: adopting it", job_id)
-            return adopted
+            return adopted.as_adopted()
         secrets_payload = {"env": dict(request.env), "base_env": common.base_env(os.environ)}
         try:
             pid = launch.start_supervisor(job_dir, secrets_payload, state_dir=self.state_dir)

@@ -302,11 +302,11 @@ class SageMakerBackend(Backend):
         self.validate_image(request.image)
         body = self.create_body(request)
         identity = request.identity
-        arn = self._jobs.create(identity, body)
+        arn, existed = self._jobs.create(identity, body)
         if arn is None:
             found = self._adopt(identity)
             log.info("SageMaker training job %s exists already for this attempt: adopting it.", identity.name)
-            return found
+            return found.as_adopted() if existed else found
         return JobHandle(
             backend=self.name,
             job_id=identity.name,

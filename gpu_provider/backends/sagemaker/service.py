@@ -42,17 +42,22 @@ class TrainingJobs:
     def client(self, service: str = "sagemaker") -> BaseClient:
         return self.clients.get(service)
 
-    def create(self, identity: JobIdentity, body: dict[str, Any]) -> str | None:
+    def create(self, identity: JobIdentity, body: dict[str, Any]) -> tuple[str | None, bool]:
         """CreateTrainingJob, sent again after throttling or a lost answer: the job's ARN, or ``None`` when
-        the name is in use (:func:`~gpu_provider.backends.aws.calls.send_unsure`)."""
+        the name is in use (:func:`~gpu_provider.backends.aws.calls.send_unsure`), and whether it was in use
+        before this call (the first send was refused: another execution of the task created it; after a
+        lost answer, an earlier send of this call may have)."""
         client = self.clients.get("sagemaker", automatic_retries=False)
+        sends = 0
 
-        def send() -> str | None:
+        def send() -> tuple[str | None, bool]:
+            nonlocal sends
+            sends += 1
             try:
-                return str(client.create_training_job(**body)["TrainingJobArn"])
+                return str(client.create_training_job(**body)["TrainingJobArn"]), False
             except Exception as err:
                 if error_code(err) == "ResourceInUse":
-                    return None  # this name exists: an earlier send created it
+                    return None, sends == 1  # this name exists: created before, or by an earlier send
                 raise
 
         return send_unsure(f"CreateTrainingJob for {identity.name}", send, service=SERVICE)

@@ -39,7 +39,8 @@ CloudWatch Logs to moto:
   :meth:`~SageMakerEmulator.interrupt_after` (a managed-spot reclaim: the hosts are stopped, the
   checkpoints synced, an ``Interrupted`` transition added, and the job restarts from Starting, as
   SageMaker does), :meth:`~SageMakerEmulator.fail` (Failed with a given ``FailureReason``, e.g. ``CapacityError: ...``),
-  :meth:`~SageMakerEmulator.forget`, :meth:`~SageMakerEmulator.modified_with_status_only` (``LastModifiedTime``
+  :meth:`~SageMakerEmulator.forget`, :meth:`~SageMakerEmulator.unlist`,
+  :meth:`~SageMakerEmulator.modified_with_status_only` (``LastModifiedTime``
   moves only with ``TrainingJobStatus``),
   :meth:`~SageMakerEmulator.report_status`, and the core's throttling and lost responses.
 
@@ -131,6 +132,7 @@ class SageMakerEmulator(OnePerProcess, ServiceKnobs, SageMakerApi, JobRunner):
         self._s3: Any = None
         self._wait_clock = 1.0
         self._status_only_modified = False
+        self._unlisted: list[str] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -218,6 +220,12 @@ class SageMakerEmulator(OnePerProcess, ServiceKnobs, SageMakerApi, JobRunner):
         with self._lock:
             self._status_only_modified = bool(on)
 
+    def unlist(self, name_contains: str) -> None:
+        """ListTrainingJobs leaves out the jobs whose names contain ``name_contains`` (DescribeTrainingJob and
+        CreateTrainingJob still know them), as an eventually consistent listing can just after a create."""
+        with self._lock:
+            self._unlisted.append(name_contains)
+
     def _modified(self, job: TrainingJob) -> float:
         return job.status_modified if self._status_only_modified else job.last_modified
 
@@ -263,6 +271,7 @@ class SageMakerEmulator(OnePerProcess, ServiceKnobs, SageMakerApi, JobRunner):
             self._interrupt_rules.clear()
             self._wait_clock = 1.0
             self._status_only_modified = False
+            self._unlisted.clear()
         self._nudge_waiting()
 
     def job(self, name: str) -> TrainingJob:

@@ -123,6 +123,7 @@ class SageMakerApi:
         }
         with self._lock:
             jobs = [j for j in self._jobs.values() if contains in j.name.lower()]
+            jobs = [j for j in jobs if not any(hidden in j.name for hidden in self._unlisted)]
             jobs = [j for j in jobs if status is None or j.status == status]
             jobs = [
                 j

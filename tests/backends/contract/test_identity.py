@@ -6,6 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpu_provider.backends.base import JobState, TaskKey
+from gpu_provider.backends.contract.jobs import ADOPTED
 from tests.backends.contract.worlds import LONG_JOB, WAIT_S, BackendWorld, poll_one, py, wait_ended, wait_state
 
 
@@ -46,6 +47,9 @@ def test_submitting_the_same_attempt_twice_adopts_the_first_job(world: BackendWo
     elsewhere = world.backend().submit(request)
 
     assert again.job_id == first.job_id and elsewhere.job_id == first.job_id, (first, again, elsewhere)
+    # a submit that found the attempt there already says so (the operator logs the reattach), and only that one
+    assert [h.take_adopted()[1] for h in (first, again, elsewhere)] == [False, True, True]
+    assert again.take_adopted()[0].extra == {k: v for k, v in again.extra.items() if k != ADOPTED}
     found = world.backend().find_existing(request.identity.task)
     assert [h.job_id for h in found] == [first.job_id], found
 

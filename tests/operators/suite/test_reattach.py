@@ -38,7 +38,7 @@ def test_worker_crash_then_retry_reattaches_without_a_second_create(harness: Har
     # the retry; the job is held after its last step until the retry has reattached, so a slow start of the
     # retry cannot find it already ended
     retry = harness.start(dag, dag_id)
-    reattached = f"Reattaching to {world.name} job"
+    reattached = f"Reattached to {world.name} job"
     wait_for(lambda: reattached in retry[2].read_text(), 180, "the retry to reattach")
     release.touch()
     run = harness.finish(*retry)
@@ -74,7 +74,7 @@ def test_a_retry_adopting_a_succeeded_job_returns_its_declared_output(harness: H
     run = harness.run(dag, dag_id)
     task = run.task()
     assert task["state"] == "success", run.log[-4000:]
-    assert "already succeeded; returning its result" in run.log
+    assert "(started by try 1;" in run.log and "it already succeeded: returning its result" in run.log
     assert len(world.created()) == 1
     assert task["xcom"]["output_uri"] == f"file://{out}"
 
@@ -93,7 +93,7 @@ def test_a_job_submitted_before_the_crash_could_record_it_is_found_by_name(
     assert request.identity == JobIdentity(world.task_key(dag_id), try_number=1, attempt=1, capacity="on-demand")
     world.backend().submit(request)
     retry = harness.start(dag, dag_id)
-    wait_for(lambda: f"Reattaching to {world.name} job" in retry[2].read_text(), 180, "the retry to reattach")
+    wait_for(lambda: f"Reattached to {world.name} job" in retry[2].read_text(), 180, "the retry to reattach")
     release.touch()
     run = harness.finish(*retry)
     assert run.task()["state"] == "success", run.log[-4000:]
