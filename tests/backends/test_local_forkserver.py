@@ -313,6 +313,12 @@ def test_a_server_of_other_code_is_not_used(served: tuple[Served, Local], monkey
             on_pid=lambda pid, start: None,
             secrets_payload={},
         )
+    # the spare that took the request refused it and exits, having started nothing; the server forks the next
+    first = waiting
+    waiting = wait_for(
+        "the next spare alone",
+        lambda: [c for c in children(server_pid) if c not in first] == children(server_pid) and children(server_pid),
+    )
     # a worker whose provider's source differs looks for another server: this one gets no request
     monkeypatch.setattr(forkserver, "source_hash", lambda root=None: "1" * 64)
     handle = local.submit(probe(local.tmp / "out.json"))
