@@ -79,6 +79,9 @@ FOLDER = "forkserver"
 IO_TIMEOUT_S = 5.0
 #: how often the server looks at its socket file and its idle time
 _TICK_S = 1.0
+#: how long after a spare took a launch the server forks the next one (a launch arriving before gets it at once):
+#: the fork (about 1 ms of CPU, more on a loaded machine) would otherwise compete with the launch for the cores
+SPARE_AFTER_S = 0.05
 
 
 class Refused(Exception):
@@ -336,38 +339,50 @@ class Server:
             signal.signal(sig, self._on_stop)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes select: children are reaped at once
         last = time.monotonic()
+        spare_at: float | None = None  # when to fork the next spare (None: there is one, or forks failed)
         try:
             self._fork_spare()
             while True:
                 _reap()
-                idle = time.monotonic() - last
+                now = time.monotonic()
+                idle = now - last
                 if idle >= self.idle_s:
                     self.why = self.why or f"idle for {idle:.0f}s"
                 elif not self.socket_is_mine():
                     self.why = self.why or "its socket is gone"
                 if self.stop or self.why:
                     return
+                if self.spare is None and spare_at is not None and now >= spare_at:
+                    spare_at = None
+                    self._fork_spare()
                 # the spare accepts the next connection itself; the server only while it has none
                 watched = self.spare[1].fileno() if self.spare is not None else self.listener.fileno()
-                ready, _, _ = select.select([watched, self.wake_r], [], [], min(_TICK_S, self.idle_s - idle))
+                wait = min(_TICK_S, self.idle_s - idle, max(0.0, spare_at - now) if spare_at is not None else _TICK_S)
+                ready, _, _ = select.select([watched, self.wake_r], [], [], wait)
                 if self.wake_r in ready:
                     with contextlib.suppress(OSError):
                         os.read(self.wake_r, 4096)
                 if watched not in ready:
                     continue
                 if self.spare is not None:
-                    if self._spare_took():
-                        last = time.monotonic()
-                    self._fork_spare()  # the next one, while the last one serves its launch
+                    # the next spare is forked once this launch had the cores to itself (a dead spare's at once)
+                    took = self._spare_took()
+                    last = time.monotonic() if took else last
+                    spare_at = last + SPARE_AFTER_S if took else time.monotonic()
                     continue
-                try:
+                if spare_at is not None:  # a launch before the next spare: fork it now, it takes the launch
+                    spare_at = None
+                    self._fork_spare()
+                    if self.spare is not None:
+                        continue
+                try:  # no spare could be forked: fork on demand
                     conn, _ = self.listener.accept()
                 except OSError:
                     continue
                 last = time.monotonic()
                 with conn:
                     self.handle(conn)
-                self._fork_spare()
+                spare_at = time.monotonic() + SPARE_AFTER_S
         finally:
             self.close()
 
@@ -480,6 +495,7 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)  # a signal to a waiting spare ends it (no server handler)
             pid_start = common.process_start_time(os.getpid())  # read now, while nobody waits
+            forkchild.rehearse()
             listener = self.listener
             assert listener is not None
             while True:
