@@ -4,16 +4,21 @@ The child (the server's spare, forked ahead of a request, or one forked on deman
 worker's connection, in this order, so that it starts nothing the worker has not recorded:
 
 1. it has the worker's request (the job's folder, the supervisor's environment and the caller's context),
-   checked by the server's rules (the source hash above all), and answers with its pid and start time; the
-   worker may send the request before it has written the folder, and records the pid in ``supervisor.json``
-   once it has;
+   checked by the server's rules (the source hash above all: a refusal is its only word before step 3); the
+   worker sends the request before it writes the job's folder;
 2. meanwhile it takes on everything of a spawned supervisor that does not need the job's folder
    (:func:`prepare`);
-3. it waits for the job's environment values (``secrets``); without them (the worker died, gave up, or found
-   the attempt taken) it exits having started nothing;
-4. it enters the job's folder (:func:`enter_job_dir`: cwd, ``supervisor.log``), says ``started`` (or why not,
-   the set-up of step 2 included: then nothing ran and the worker spawns the supervisor itself) and runs the
-   job.
+3. it waits for the job's environment values (``secrets``), which the worker sends once the folder is written
+   (the create-or-adopt rename has decided); without them (the worker died, gave up, or found the attempt
+   taken) it exits having started nothing;
+4. it enters the job's folder (:func:`enter_job_dir`: cwd, ``supervisor.log``) and records its own pid in
+   ``supervisor.json`` under that file's lock (:func:`~.common.supervisor_record`), unless a pid is recorded
+   already (a worker that heard nothing from it in time starts a supervisor of its own there, under the same
+   lock): then it exits having started nothing. It says ``started`` with its pid (or why not: then nothing ran,
+   and the worker spawns the supervisor itself where none is recorded) and runs the job.
+
+So the worker waits for no answer before it hands over the environment, and the child records itself before
+anything starts: a job's supervisor is always the one ``supervisor.json`` names, and there is one.
 
 Standard library only, like the server and the supervisor.
 """
@@ -60,35 +65,38 @@ SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals() if s not in (signa
 
 
 def serve(conn: socket.socket, request: Mapping[str, Any], pid_start: int | None) -> int:
-    """In the forked child (it has left the server and leads its own session): steps 1 to 4 above, then the job.
+    """In the forked child (it has left the server and leads its own session): steps 2 to 4 above, then the job.
 
     ``pid_start``: this process's start time, read ahead (a spare reads it while nobody waits)."""
     me = os.getpid()
     try:
         job_dir = Path(request["job_dir"])
-        send(conn, {"pid": me, "pid_start": pid_start or common.process_start_time(me)})
-    except BaseException:
-        return 1  # nothing started, the worker spawns the supervisor itself
-    try:
-        prepare(request, keep_fd=conn.fileno())  # while the worker records this pid (and writes the folder)
-    except BaseException as err:
-        with contextlib.suppress(BaseException):  # before the job's environment: the worker spawns it itself
+        prepare(request, keep_fd=conn.fileno())  # while the worker writes the job's folder
+        pid_start = pid_start or common.process_start_time(me)
+    except BaseException as err:  # nothing started: the worker spawns the supervisor itself
+        with contextlib.suppress(BaseException):
             send(conn, {"refused": f"the forked child could not set itself up: {type(err).__name__}: {err}"})
         return 1
     try:
-        # the worker records this pid first; a worker that dies closes the connection (EOF at once)
         conn.settimeout(SECRETS_TIMEOUT_S)
-        secrets = recv(conn)
+        secrets = recv(conn)  # sent once the job's folder is written; a worker that dies closes (EOF at once)
     except BaseException:
         return 0  # the worker did not hand over the job's environment: start nothing
     try:
         enter_job_dir(job_dir)
+        with common.supervisor_record(job_dir / common.SUPERVISOR_FILE) as (recorded, record):
+            if recorded is None:
+                record(me, pid_start)
     except BaseException as err:
         with contextlib.suppress(BaseException):
             send(conn, {"refused": f"the forked child could not enter {job_dir}: {type(err).__name__}: {err}"})
         return 1
+    if recorded is not None:  # the worker heard nothing from this child in time and started the supervisor itself
+        with contextlib.suppress(BaseException):
+            send(conn, {"refused": f"supervisor {recorded.get('pid')} was recorded first"})
+        return 0
     with contextlib.suppress(OSError):
-        send(conn, {"started": True})  # the worker returns; what happens next is in the job's folder
+        send(conn, {"started": True, "pid": me, "pid_start": pid_start})  # the worker returns meanwhile
     conn.close()
     from gpu_provider.backends.local.supervisor import run_job  # imported already by the server's preload()
 
@@ -109,6 +117,7 @@ def rehearse() -> None:
     with contextlib.suppress(Exception):
         status = {"state": common.RUNNING, "nodes": [{"rank": 0, "pid": 1, "pid_start": 1}], "at": time.time()}
         json.loads(json.dumps(status, indent=1, sort_keys=True))
+        common.read_json(Path(os.devnull))
         supervisor._free_port()
         thread = threading.Thread(target=len, args=((),), name="rehearsal", daemon=True)
         thread.start()

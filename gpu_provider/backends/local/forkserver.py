@@ -51,7 +51,7 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -209,45 +209,31 @@ class Asked:
             self.conn.close()
             raise
 
-    def finish(self, on_pid: Callable[[int, int | None], None], secrets_payload: Mapping[str, Any]) -> int:
-        """The supervisor's pid once it has the job's environment (call it once the job's folder is written).
+    def finish(self, secrets_payload: Mapping[str, Any]) -> int:
+        """Hand the child the job's environment (call it once the job's folder is written); the pid it recorded
+        in ``supervisor.json`` once it says it started the job.
 
-        ``on_pid(pid, pid_start)`` is called (to record the supervisor) before the job's environment is sent:
-        the child starts nothing before it has it.
-
-        :raises Refused: nothing was started (the server said no, the reply never came, ``on_pid`` failed, the
-            environment could not be sent, the child could not enter the folder); the caller may start the
-            supervisor itself
+        :raises Refused: the child did not say it started: it refused (nothing started), its environment could not
+            be sent (it starts nothing without it), or no word came in time (a timeout, an end); the caller
+            starts a supervisor itself only where ``supervisor.json`` records none, under its lock
         """
         conn, address = self.conn, self.address
         try:
+            ready, _, _ = select.select([conn], [], [], 0)
+            if ready:  # a word before the environment is a refusal: it gets no environment
+                raise Refused(f"the fork server at {address} refused: {_words(conn)}")
             try:
-                reply = recv(conn)
-            except (OSError, EOFError, ValueError, struct.error) as err:
-                raise Refused(f"no answer from the fork server at {address}: {err}") from err
-            if "pid" not in reply:
-                raise Refused(f"the fork server at {address} refused: {reply.get('refused', reply)}")
-            pid = int(reply["pid"])
-            pid_start = reply.get("pid_start")
-            try:
-                on_pid(pid, pid_start)
                 send(conn, secrets_payload)
                 conn.shutdown(socket.SHUT_WR)
             except (OSError, ValueError) as err:
-                # the child has not got its whole environment: it exits without starting anything; make sure
-                common.signal_group(pid, pid_start, signal.SIGKILL)
-                raise Refused(f"could not hand the job's environment to the forked supervisor {pid}: {err}") from err
+                raise Refused(f"could not hand the job's environment to the fork server's child: {err}") from err
             try:
-                verdict = recv(conn)
-            except (EOFError, ConnectionResetError) as err:  # it ended before its word, so before the job
-                common.signal_group(pid, pid_start, signal.SIGKILL)
-                raise Refused(f"the forked supervisor {pid} ended before it started the job: {err}") from err
-            except (OSError, ValueError, struct.error):
-                return pid  # no word (a timeout): it may be starting the job, so it is the job's supervisor
-            if not verdict.get("started"):
-                common.signal_group(pid, pid_start, signal.SIGKILL)  # it exits having started nothing; make sure
-                raise Refused(f"the forked supervisor {pid} did not start: {verdict.get('refused', verdict)}")
-            return pid
+                reply = recv(conn)
+            except (OSError, EOFError, ValueError, struct.error) as err:
+                raise Refused(f"no word from the fork server's child at {address}: {err}") from err
+            if not reply.get("started"):
+                raise Refused(f"the fork server's child did not start the job: {reply.get('refused', reply)}")
+            return int(reply["pid"])
         finally:
             conn.close()
 
@@ -256,17 +242,20 @@ class Asked:
         self.conn.close()
 
 
+def _words(conn: socket.socket) -> str:
+    """What the other end said (a refusal), or why it said nothing readable."""
+    try:
+        reply = recv(conn)
+    except (OSError, EOFError, ValueError, struct.error) as err:
+        return f"no answer ({err})"
+    return str(reply.get("refused", reply))
+
+
 def request_start(
-    address: str,
-    *,
-    code_hash: str,
-    job_dir: Path,
-    env: Mapping[str, str],
-    on_pid: Callable[[int, int | None], None],
-    secrets_payload: Mapping[str, Any],
+    address: str, *, code_hash: str, job_dir: Path, env: Mapping[str, str], secrets_payload: Mapping[str, Any]
 ) -> int:
     """:class:`Asked` and its :meth:`~Asked.finish` at once, for a ``job_dir`` that exists already."""
-    return Asked(address, code_hash=code_hash, job_dir=job_dir, env=env).finish(on_pid, secrets_payload)
+    return Asked(address, code_hash=code_hash, job_dir=job_dir, env=env).finish(secrets_payload)
 
 
 # --- the server --------------------------------------------------------------------------------

@@ -149,16 +149,14 @@ class SupervisorStart:
         """
         asked, self.asked = self.asked, None
         if asked is not None:
-            supervisor_file = self.job_dir / common.SUPERVISOR_FILE
-
-            def record(pid: int, pid_start: int | None) -> None:
-                common.overwrite_in_place(supervisor_file, {"pid": pid, "pid_start": pid_start})
-
             try:
-                return asked.finish(record, secrets_payload)
+                return asked.finish(secrets_payload)  # the child recorded itself in supervisor.json
             except forkserver.Refused as err:
-                log.debug("local fork server: %s; spawning the supervisor", err)
-        proc = _spawn_supervisor(self.job_dir, self.env, secrets_payload)
+                log.debug("local fork server: %s; spawning the supervisor unless the child recorded itself", err)
+        with common.supervisor_record(self.job_dir / common.SUPERVISOR_FILE) as (recorded, record):
+            if recorded is not None:  # the fork server's child recorded itself before its word was lost
+                return int(recorded["pid"])
+            proc = _spawn_supervisor(self.job_dir, self.env, secrets_payload, record)
         if self.start_server is not None:
             self.start_server()  # after this job's supervisor: starting the server does not delay this launch
         return proc.pid
@@ -180,7 +178,10 @@ def start_supervisor(job_dir: Path, secrets_payload: Mapping[str, Any], *, state
 
 
 def _spawn_supervisor(
-    job_dir: Path, env: Mapping[str, str], secrets_payload: Mapping[str, Any]
+    job_dir: Path,
+    env: Mapping[str, str],
+    secrets_payload: Mapping[str, Any],
+    record: Callable[[int, int | None], None],
 ) -> subprocess.Popen[bytes]:
     with open(job_dir / common.SUPERVISOR_LOG_FILE, "ab") as sup_log:
         proc = subprocess.Popen(
@@ -194,12 +195,10 @@ def _spawn_supervisor(
             start_new_session=True,  # not in the worker's process group: a worker crash does not stop the job
         )
     try:
+        record(proc.pid, common.process_start_time(proc.pid))  # before it has its environment, as a forked one
         assert proc.stdin is not None
         with proc.stdin:
             proc.stdin.write(json.dumps(secrets_payload).encode("utf-8"))
-        common.overwrite_in_place(
-            job_dir / common.SUPERVISOR_FILE, {"pid": proc.pid, "pid_start": common.process_start_time(proc.pid)}
-        )
     except BaseException:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
