@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
     from pydantic import JsonValue
 
-    from gpu_provider.backends.base import Backend, TaskKey
+    from gpu_provider.backends.base import Backend, JobHandle, TaskKey
 
 
 def stored_records(context: Context, log: Any) -> tuple[list[AttemptRecord], AttemptSummary | None]:
@@ -114,3 +114,34 @@ def latest_checkpoint(backend: Backend, uri: str | None) -> str | None:
     from gpu_provider.runtime.checkpoint import latest_checkpoint as newest
 
     return newest(uri, s3_client=s3_client_for(uri, getattr(backend, "aws_conn_id", None)))
+
+
+def task_key(context: Context) -> TaskKey:
+    """The identity of the task instance running in ``context`` (dag, task, run, map index)."""
+    from gpu_provider.backends.base import TaskKey
+
+    ti = context["ti"]
+    map_index = getattr(ti, "map_index", -1)
+    map_index = -1 if map_index is None else int(map_index)
+    return TaskKey(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
+
+
+def publish_links(context: Context, backend: Backend, handle: JobHandle, known: str | None) -> str | None:
+    """Point the task's "GPU job" buttons at the attempt's console and log; returns the log link now shown."""
+    from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY
+
+    url = backend.console_url(handle)
+    if url:
+        context["ti"].xcom_push(key=CONSOLE_URL_XCOM_KEY, value=url)
+    return publish_log_link(context, backend.logs_url(handle), known)
+
+
+def publish_log_link(context: Context, url: str | None, known: str | None) -> str | None:
+    """Point the "GPU job logs" button at ``url`` (the newest known place of the attempt's log) unless it
+    shows ``known`` already; returns the link now shown."""
+    from gpu_provider.links.gpu_job import LOGS_URL_XCOM_KEY
+
+    if url and url != known:
+        context["ti"].xcom_push(key=LOGS_URL_XCOM_KEY, value=url)
+        return url
+    return known

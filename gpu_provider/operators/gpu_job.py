@@ -21,7 +21,6 @@ from gpu_provider.backends.base import (
     Backend,
     JobHandle,
     JobStatus,
-    TaskKey,
     check_backend_name,
     resolve_backend,
 )
@@ -32,7 +31,7 @@ from gpu_provider.engine.runner import AttemptRunner, read_owner, recover
 from gpu_provider.engine.watch import ENDED
 from gpu_provider.exceptions import GpuJobCancelledError, GpuJobPollError, GpuJobStoppedError
 from gpu_provider.job import is_templated, to_bool, validate_checkpoint_uri
-from gpu_provider.links.gpu_job import CONSOLE_URL_XCOM_KEY, LOGS_URL_XCOM_KEY, GpuJobConsoleLink, GpuJobLogsLink
+from gpu_provider.links.gpu_job import GpuJobConsoleLink, GpuJobLogsLink
 from gpu_provider.names import DEFER_TIMEOUT_SLACK_S, MAX_POLL_INTERVAL_S, STATE_KEY
 from gpu_provider.operators._deferral import backoff_trigger, check_event, job_trigger, outcome_of
 from gpu_provider.operators._fields import (
@@ -60,7 +59,10 @@ from gpu_provider.operators._state import (
     describe_outlets,
     latest_checkpoint,
     persist_records,
+    publish_links,
+    publish_log_link,
     stored_records,
+    task_key,
 )
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
 from gpu_provider.spend.budget import SpendControl, check_max_cost
@@ -300,7 +302,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     # ------------------------------------------------------------------ execution
     def execute(self, context: Context) -> Any:
         plan = self._plan(context)
-        found, stored, summary = attempts_at_start(context, plan.backend, self._task_key(context), plan.rungs, self.log)
+        found, stored, summary = attempts_at_start(context, plan.backend, task_key(context), plan.rungs, self.log)
         runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
         step = runner.engine.resume()
@@ -315,7 +317,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             self._handle = step.record.handle
             self._backend = runner.backend_for(step.record)
             runner.take_over(step.record)
-            self._publish_link(context, self._backend, step.record.handle)
+            self._log_link = publish_links(context, self._backend, step.record.handle, self._log_link)
         return self._run(context, plan, runner, step, self._deadline(context))
 
     def execute_complete(
@@ -362,7 +364,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         if not loaded:
             stored, summary = stored_records(context, self.log)
             loaded = (
-                recover(plan.backend, self._task_key(context), stored, self.log, summary, others=plan.rungs)
+                recover(plan.backend, task_key(context), stored, self.log, summary, others=plan.rungs)
                 if refresh
                 else stored
             )
@@ -523,7 +525,7 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
     def _submit(self, context: Context, plan: Plan, runner: AttemptRunner, step: Submit) -> AttemptRecord:
         backend = runner.backend_for_rung(step.rung)  # a capacity ladder's rung, else the task's backend
         resume_from = latest_checkpoint(backend, plan.checkpoint_uri)
-        request = attempt_request(self, self._task_key(context), plan, runner, step, resume_from)
+        request = attempt_request(self, task_key(context), plan, runner, step, resume_from)
         handle, adopted = backend.submit(request).take_adopted()
         self._handle, self._backend = handle, backend
         record = runner.engine.record_for(handle.job_id)  # an adopted job (create-or-adopt) keeps its record
@@ -551,27 +553,11 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
                 record.rung, record.backend_spec, record.service = step.rung, backend.spec(), backend.service or None
             runner.engine.records.append(record)
         runner.persist()
-        self._publish_link(context, backend, handle)
+        self._log_link = publish_links(context, backend, handle, self._log_link)
         return record
 
-    def _task_key(self, context: Context) -> TaskKey:
-        ti = context["ti"]
-        map_index = getattr(ti, "map_index", -1)
-        map_index = -1 if map_index is None else int(map_index)
-        return TaskKey(dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=map_index)
-
-    # ------------------------------------------------------------------ links
-    def _publish_link(self, context: Context, backend: Backend, handle: JobHandle) -> None:
-        url = backend.console_url(handle)
-        if url:
-            context["ti"].xcom_push(key=CONSOLE_URL_XCOM_KEY, value=url)
-        self._publish_log_link(context, backend.logs_url(handle))
-
     def _publish_log_link(self, context: Context, url: str | None) -> None:
-        """Point the "GPU job logs" button at ``url`` (the newest known place of the attempt's log)."""
-        if url and url != self._log_link:
-            context["ti"].xcom_push(key=LOGS_URL_XCOM_KEY, value=url)
-            self._log_link = url
+        self._log_link = publish_log_link(context, url, self._log_link)
 
     def _task_label(self) -> str:
         run = f" of run {self._run_id}" if self._run_id else ""
