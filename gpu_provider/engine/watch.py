@@ -14,7 +14,6 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
-from gpu_provider.engine.fresh import over_budget
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobElsewhereError
 from gpu_provider.names import (
@@ -160,7 +159,10 @@ class AttemptWatch:
         )
 
     def over_budget(self, status: JobStatus) -> bool:
-        return over_budget(status, self.cost_limit)
+        limit = self.cost_limit
+        if not limit:
+            return False
+        return status.gpu_seconds * float(limit["usd_per_gpu_second"]) >= float(limit["remaining_usd"])
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.time() >= self.deadline
