@@ -62,6 +62,17 @@ def cancel_within(backend: Backend, handle: JobHandle, reason: str, timeout: flo
     return outcome[0] if outcome else f"no answer within {timeout:.0f}s"
 
 
+def read_now(backend: Backend, handle: JobHandle) -> JobStatus | BaseException:
+    """One status read of one job, or the error it failed with (a trigger counts it like the poller's)."""
+    try:
+        status = backend.poll([handle]).get(handle.job_id)
+    except Exception as err:
+        return err
+    if status is None:
+        return LookupError(f"{backend.name} backend returned no status for job {handle.job_id}")
+    return status
+
+
 def _status_of(backend: Backend, handle: JobHandle) -> JobStatus | None:
     try:
         status = backend.poll([handle]).get(handle.job_id)

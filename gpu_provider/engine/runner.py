@@ -17,6 +17,7 @@ from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
 from gpu_provider.engine.attempts import AttemptEngine, Fail, Step, Submit, Wait, describe
 from gpu_provider.engine.calls import cancel_within, poll_one, read_owner
+from gpu_provider.engine.fresh import RECHECKED, still_holds
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.engine.places import backend_of, poll_where_they_run, recover
 from gpu_provider.engine.planned_stops import stop_sent
@@ -334,8 +335,32 @@ class AttemptRunner:
             self.wake.close()
 
     def after_wait(self, record: AttemptRecord, status: JobStatus, outcome: str) -> Step:
-        """What a wait's outcome means: an ended job goes to the engine; a timeout cancels the job first."""
+        """What a wait's outcome means: an ended job goes to the engine; a wait limit stops the job first, once a
+        fresh read shows its condition still holds (:mod:`gpu_provider.engine.fresh`) and this try owns it."""
         engine = self.engine
+        if outcome in RECHECKED:
+            fresh = poll_one(self.backend_for(record), record.handle)
+            if fresh is None:  # no fresh evidence: nothing on a guess; look again after a pause
+                self.log.warning(
+                    "Could not read %s now to confirm its %s: not stopping it.", self.describe_attempt(record), outcome
+                )
+                self.stop.wait(self.cancel_retry_s)
+                return Wait(record)
+            limit, budget = self.restart_limit(record), self.cost_limit(record)
+            if not still_holds(outcome, fresh, restart_limit=limit, cost_limit=budget):
+                self.log.info(
+                    "%s is %s now (%s): its %s no longer holds, so it is not stopped.",
+                    self.describe_attempt(record),
+                    fresh.state.value,
+                    fresh.reason or "read from the service now",
+                    outcome,
+                )
+                if fresh.state.terminal:
+                    return self.after_wait(record, fresh, ENDED)
+                engine.saw(record, fresh)
+                self.persist()
+                return Wait(record)
+            status = fresh
         if outcome != ENDED:  # each of these stops the job: only its owner may, read now
             owned = self.owned_later(record)
             if owned:
@@ -349,17 +374,6 @@ class AttemptRunner:
         if outcome == SPOT_RETURNED:
             return move_to_spot(self, record)
         if outcome == CAPACITY_TIMEOUT:
-            # the sample may be stale (the trigger fired, then the task waited for a slot): look again
-            fresh = poll_one(self.backend_for(record), record.handle)
-            if fresh is not None and fresh.state is not JobState.QUEUED:
-                self.log.info(
-                    "%s left the queue (%s) before its wait was given up.",
-                    self.describe_attempt(record),
-                    fresh.state.value,
-                )
-                engine.saw(record, fresh)
-                self.persist()
-                return engine.ended(record) if fresh.state.terminal else Wait(record)
             what, option = record.capacity, "spot_wait_timeout"
             if record.instance_choice is not None:
                 what = f"{record.capacity} {record.instance_choice}"
@@ -379,7 +393,7 @@ class AttemptRunner:
         elif outcome == BUDGET:
             return self._over_budget(record, status)
         elif outcome == NEVER_STARTS:
-            return self._never_starts(record)
+            return self._never_starts(record, status)
         elif outcome in (QUEUE_TIMEOUT, DEADLINE):
             what = (
                 f"still queued after queue_timeout={self.queue_timeout_s or 0:.0f}s"
@@ -461,18 +475,10 @@ class AttemptRunner:
             record if cancelled is None else None,
         )
 
-    def _never_starts(self, record: AttemptRecord) -> Step:
-        """The service said the queued attempt can never start as submitted: read it again, and if this try
-        still owns it and it still cannot start, stop it and fail (it would hold its queue forever)."""
+    def _never_starts(self, record: AttemptRecord, fresh: JobStatus) -> Step:
+        """The service says (read fresh by :meth:`after_wait`) the queued attempt can never start as submitted:
+        if this try still owns it, stop it and fail (it would hold its queue forever)."""
         engine = self.engine
-        fresh = poll_one(self.backend_for(record), record.handle)
-        if fresh is None:  # no fresh evidence: keep waiting (the next sample decides again)
-            self.stop.wait(self.cancel_retry_s)
-            return Wait(record)
-        if fresh.state is not JobState.QUEUED or not fresh.never_starts:
-            engine.saw(record, fresh)
-            self.persist()
-            return engine.ended(record) if fresh.state.terminal else Wait(record)
         if fresh.owner_try is not None and fresh.owner_try > engine.try_number:
             engine.saw(record, fresh)
             self.persist()

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus
+from gpu_provider.engine.fresh import over_budget
 from gpu_provider.engine.logs import LogForwarder
 from gpu_provider.exceptions import GpuBackendThrottledError, GpuJobElsewhereError
 from gpu_provider.names import (
@@ -159,10 +160,7 @@ class AttemptWatch:
         )
 
     def over_budget(self, status: JobStatus) -> bool:
-        limit = self.cost_limit
-        if not limit:
-            return False
-        return status.gpu_seconds * float(limit["usd_per_gpu_second"]) >= float(limit["remaining_usd"])
+        return over_budget(status, self.cost_limit)
 
     def past_deadline(self) -> bool:
         return self.deadline is not None and time.time() >= self.deadline

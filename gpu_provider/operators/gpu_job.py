@@ -335,14 +335,15 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         """
         check_event(event)
         plan = self._plan(context)
-        runner = self._resumed_runner(context, plan, records)
+        gave_up = event["status"] == names.EVENT_POLL_ERROR  # the service cannot be read: the store's records only
+        runner = self._resumed_runner(context, plan, records, refresh=not gave_up)
         handle = self._handle = JobHandle.from_dict(event["handle"])
         record = runner.engine.record_for(handle.job_id)
         if record is None:  # the store lost it: the event's handle is the truth
             record = AttemptRecord.new(handle, try_number=plan.try_number)
             runner.engine.records.append(record)
         backend = self._backend = runner.backend_for(record)  # the attempt's own (a ladder's rung), else the task's
-        if event["status"] == names.EVENT_POLL_ERROR:
+        if gave_up:  # the worker's give-up, the same code: bounded owner read, then a bounded stop
             why = str(event.get("message") or "could not read the job status")
             return self._run(context, plan, runner, runner.gave_up_reading(record, why, retry=plan.retry), deadline)
         status = JobStatus.from_dict(event["job_status"])
@@ -353,13 +354,20 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
             runner.copy_ended_log(handle, status, backend)
         return self._run(context, plan, runner, runner.after_wait(record, status, outcome), deadline)
 
-    def _resumed_runner(self, context: Context, plan: Plan, records: list[dict[str, Any]] | None) -> AttemptRunner:
+    def _resumed_runner(
+        self, context: Context, plan: Plan, records: list[dict[str, Any]] | None, *, refresh: bool = True
+    ) -> AttemptRunner:
         """The runner of a task resuming from a deferral: the records it handed ``defer``, or, where a runner
-        does not hand them back (``dag.test()``), those in the task state store, refreshed by the backend."""
+        does not hand them back (``dag.test()``), those in the task state store, refreshed by the backend
+        unless ``refresh`` is false (the trigger gave up reading the service: the store's records as they are)."""
         loaded, summary = load_records(records), load_summary(records)
         if not loaded:
             stored, summary = stored_records(context, self.log)
-            loaded = recover(plan.backend, task_key(context), stored, self.log, summary, others=plan.rungs)
+            loaded = (
+                recover(plan.backend, task_key(context), stored, self.log, summary, others=plan.rungs)
+                if refresh
+                else stored
+            )
         return self._runner(context, plan, loaded, summary)
 
     def _runner(

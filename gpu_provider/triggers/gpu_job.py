@@ -37,7 +37,8 @@ from gpu_provider.backends.base import (
     provider_config,
     resolve_backend,
 )
-from gpu_provider.engine.runner import read_owner
+from gpu_provider.engine.calls import poll_one, read_now, read_owner
+from gpu_provider.engine.fresh import RECHECKED
 from gpu_provider.engine.watch import (
     BUDGET,
     CAPACITY_TIMEOUT,
@@ -448,8 +449,10 @@ class GpuJobTrigger(BaseTrigger):
                         return
                     # no news: while events flow the poller's full tick slows to its backstop, but the
                     # time-based rules (capacity wait, queue timeout, budget) are this task's own and
-                    # run on its poll_interval, from the last status (unchanged, or an event would say)
-                    item = last
+                    # run on its poll_interval, from the last status (unchanged, or an event would say).
+                    # After a failed read, the next read is this trigger's own, at its poll_interval, as the
+                    # worker's wait reads: failed reads count to the give-up at that pace, not the backstop's
+                    item = await asyncio.to_thread(read_now, backend, handle) if watch.errors else last
                 if isinstance(item, JobStatus):
                     last = item
                 if isinstance(item, BaseException):
@@ -462,6 +465,15 @@ class GpuJobTrigger(BaseTrigger):
                         return
                     continue
                 outcome = await asyncio.to_thread(watch.read, item)  # reads logs: not on the event loop
+                if outcome in RECHECKED:
+                    # a stop would follow, and the sample may be stale (a lost or late event, the backstop's
+                    # slow tick): read this one job now and fire only if the condition still holds
+                    fresh = await asyncio.to_thread(poll_one, backend, handle)
+                    if fresh is None:
+                        self.log.warning("%s job %s: unread now, so no %s yet.", backend.name, handle.job_id, outcome)
+                        continue
+                    item = last = fresh
+                    outcome = await asyncio.to_thread(watch.read, item)
                 item = watch.complete(item)
                 if outcome == ENDED:
                     yield self._event(
@@ -534,7 +546,6 @@ class GpuJobTrigger(BaseTrigger):
 
     def _report_kill(self, backend: Backend, handle: JobHandle, reason: str) -> None:
         """The killed attempt's end, once: read from the service after the stop (bounded), priced, reported."""
-        from gpu_provider.engine.runner import poll_one
         from gpu_provider.spend.ended import price_from_dict, report_stopped
 
         spend = self.spend or {}

@@ -179,6 +179,11 @@ class ServiceKnobs:
         through. 0 turns it off."""
         self._faults.throttle_bursts(action, burst)
 
+    def deny(self, action: str, on: bool = True) -> None:
+        """Refuse every ``action`` request (``DescribeTrainingJob``) as HTTP 400 ``AccessDeniedException``, as
+        for a role that lost that permission, until ``on=False``. The refused requests are in the log."""
+        self._faults.deny(action, on)
+
     def lose_response(self, action: str, count: int = 1, *, how: str = "error") -> None:
         """Carry out the next ``count`` requests of ``action`` (a SubmitJob creates its job), then lose the
         response: ``how="error"`` answers HTTP 500, ``how="disconnect"`` closes the connection without an

@@ -10,6 +10,8 @@ and one that words an error as the service does (HTTP status, error code). Fault
 * :meth:`Faults.throttle` - every n-th request is refused as throttled;
 * :meth:`Faults.throttle_bursts` - n requests in a row are throttled, then one passes (longer than
   botocore's own retries, so the client's backoff is what gets it through);
+* :meth:`Faults.deny` - every request of the action is refused, HTTP 400 ``AccessDeniedException`` (a role
+  that lost a permission), until turned off;
 * :meth:`Faults.lose_response` - the request is carried out (moto answers it), then the client gets
   HTTP 500 (``how="error"``) or a closed connection without an answer (``how="disconnect"``), as
   when a response is lost on the way back: a client that sends it again does it twice.
@@ -138,6 +140,7 @@ class Faults:
         self._throttles: dict[str, tuple[str, int]] = {}  # action or "*" -> ("every" | "burst", n)
         self._seen: dict[tuple[str, str], int] = {}  # (rule key, action) -> requests since the rule was set
         self._lost: dict[str, list[str]] = {}  # action or "*" -> how the next responses are lost
+        self._denied: set[str] = set()  # actions refused as AccessDeniedException
 
     def throttle(self, action: str, every: int) -> None:
         """Throttle every ``every``-th request of ``action`` (``"*"``: of every action); 0 turns it off."""
@@ -162,8 +165,18 @@ class Faults:
         with self._lock:
             self._lost.setdefault(action, []).extend([how] * count)
 
+    def deny(self, action: str, on: bool = True) -> None:
+        """Refuse every request of ``action`` as ``AccessDeniedException`` (``on=False``: stop refusing)."""
+        with self._lock:
+            (self._denied.add if on else self._denied.discard)(action)
+
+    def denied(self, action: str) -> bool:
+        with self._lock:
+            return action in self._denied
+
     def reset(self) -> None:
         with self._lock:
+            self._denied.clear()
             self._throttles.clear()
             self._seen.clear()
             self._lost.clear()
@@ -284,6 +297,9 @@ class Middleware:
         throttled, lost = self._faults.decide(action)
         client = aws_client_of(environ.get("HTTP_AUTHORIZATION"))
         entry = self._log.record(action, body, throttled=throttled, lost=lost, client=client)
+        if self._faults.denied(action):
+            entry["status"] = 400
+            return _error_response(400, "AccessDeniedException", f"not authorized to perform {action}", start_response)
         if throttled:
             logger.info("throttled a %s request", action)
             entry["status"], code, message = self._error_style(action, THROTTLED)
