@@ -335,9 +335,19 @@ class AttemptRunner:
             self.wake.close()
 
     def after_wait(self, record: AttemptRecord, status: JobStatus, outcome: str) -> Step:
-        """What a wait's outcome means: an ended job goes to the engine; a wait limit stops the job first, once a
-        fresh read shows its condition still holds (:mod:`gpu_provider.engine.fresh`) and this try owns it."""
+        """What a wait's outcome means: an ended job goes to the engine; a wait limit stops the job first, once
+        this try owns it (read first) and a fresh read shows the condition still holds (:mod:`.fresh`)."""
         engine = self.engine
+        if outcome != ENDED:  # each of these stops the job: only its owner may, read now (before all else)
+            owned = self.owned_later(record)
+            if owned:
+                self.stand_down(record)
+            if owned is None and outcome in (CAPACITY_TIMEOUT, RESTART_LIMIT, SPOT_RETURNED):
+                # a new attempt would follow the stop: nothing on a guess; look again after a pause
+                self.stop.wait(self.cancel_retry_s)
+                return Wait(record)
+            # unreadable before a stop that ends this try (queue timeout, deadline, budget): the try
+            # stops it as its owner, as on_kill does, rather than leave it billing for nobody
         if outcome in RECHECKED:
             fresh = poll_one(self.backend_for(record), record.handle)
             if fresh is None:  # no fresh evidence: nothing on a guess; look again after a pause
@@ -361,16 +371,6 @@ class AttemptRunner:
                 self.persist()
                 return Wait(record)
             status = fresh
-        if outcome != ENDED:  # each of these stops the job: only its owner may, read now
-            owned = self.owned_later(record)
-            if owned:
-                self.stand_down(record)
-            if owned is None and outcome in (CAPACITY_TIMEOUT, RESTART_LIMIT, SPOT_RETURNED):
-                # a new attempt would follow the stop: nothing on a guess; look again after a pause
-                self.stop.wait(self.cancel_retry_s)
-                return Wait(record)
-            # unreadable before a stop that ends this try (queue timeout, deadline, budget): the try
-            # stops it as its owner, as on_kill does, rather than leave it billing for nobody
         if outcome == SPOT_RETURNED:
             return move_to_spot(self, record)
         if outcome == CAPACITY_TIMEOUT:
