@@ -253,6 +253,31 @@ class LocalBackend(Backend):
         identity = request.identity
         try:
             jobs = folders.ensure_jobs_dir(self.state_dir)
+        except OSError as err:
+            raise GpuJobError(
+                f"local job {identity.name}: cannot use the state directory {self.state_dir}: {err}"
+            ) from err
+        job_id = identity.name
+        job_dir = jobs / job_id
+        # the fork server is asked now, so that its child gets ready while the folder is written; it starts
+        # nothing before start() below hands it the job's environment (abandoned: it exits, having started nothing)
+        starting = launch.SupervisorStart(job_dir, state_dir=self.state_dir)
+        try:
+            return self._submit(request, jobs, job_dir, starting, run_as)
+        finally:
+            starting.abandon()
+
+    def _submit(
+        self,
+        request: JobRequest,
+        jobs: Path,
+        job_dir: Path,
+        starting: launch.SupervisorStart,
+        run_as: dict[str, Any] | None,
+    ) -> JobHandle:
+        """:meth:`submit` from the create-or-adopt lookup on, the supervisor's start asked already."""
+        identity, job_id = request.identity, job_dir.name
+        try:
             existing = folders.existing(jobs, identity)
         except OSError as err:
             raise GpuJobError(
@@ -272,8 +297,6 @@ class LocalBackend(Backend):
         model = _instance_gpu_model(request.instance_type) if request.instance_type and devices else None
         if model:
             devices = self._model_devices(model)
-        job_id = identity.name
-        job_dir = jobs / job_id
         handle = JobHandle(
             backend=self.name,
             job_id=job_id,
@@ -308,7 +331,7 @@ class LocalBackend(Backend):
             return adopted.as_adopted()
         secrets_payload = {"env": dict(request.env), "base_env": common.base_env(os.environ)}
         try:
-            pid = launch.start_supervisor(job_dir, secrets_payload, state_dir=self.state_dir)
+            pid = starting.start(secrets_payload)
         except BaseException as err:
             shutil.rmtree(job_dir, ignore_errors=True)
             common.remove_work_dir(work_dir)

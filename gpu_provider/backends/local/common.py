@@ -30,13 +30,14 @@ On-disk layout under the state directory (folders 0700, files 0600: only the wor
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import signal
 import stat
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,30 @@ def overwrite_in_place(path: Path, data: Mapping[str, Any]) -> None:
         _write_all(fd, _padded(data))
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def supervisor_record(path: Path) -> Iterator[tuple[dict[str, Any] | None, Callable[[int, int | None], None]]]:
+    """``supervisor.json`` (made by ``write_new(..., preallocated=True)``) under its lock: the supervisor it records
+    (``None``: none yet) and what records one, in place. Whoever records a pid under the lock is the job's
+    supervisor: a forked child records itself before it starts anything, and a worker that got no word from it
+    starts a supervisor of its own only where none is recorded, holding the lock meanwhile."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            recorded = json.loads(os.pread(fd, PREALLOCATED_BYTES, 0) or b"null")
+        except ValueError:
+            recorded = None
+
+        def record(pid: int, pid_start: int | None) -> None:
+            data, done = _padded({"pid": pid, "pid_start": pid_start}), 0
+            while done < len(data):
+                done += os.pwrite(fd, data[done:], done)
+
+        yield (recorded if isinstance(recorded, dict) and recorded.get("pid") else None), record
+    finally:
+        os.close(fd)  # and so the lock
 
 
 def _padded(data: Mapping[str, Any]) -> bytes:

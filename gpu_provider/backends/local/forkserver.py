@@ -21,13 +21,16 @@ Where it lives, and why it is safe to use:
   over the connection, after the worker has recorded the child's pid. A child that does not receive
   them (the worker gave up, died, or the reply was lost) exits without starting anything, so a
   worker that falls back to a directly spawned supervisor never starts a second one.
+* The worker asks before it writes the job's folder (:class:`Asked`): the child does what needs no folder
+  meanwhile, and gets the environment once the folder and its pid are written (the create-or-adopt rename
+  still decides before anything starts). The protocol, step by step: :mod:`.forkchild`.
 * The child's environment, cwd, umask, rlimits, signal dispositions, stdin/stdout/stderr and open
-  files are set to what a directly spawned supervisor would have: see :func:`_become_supervisor`.
-* The fork is off the launch path: after each request (and once at start) the server forks a *spare*
-  that leaves the server at once and waits on a channel of its own; the next request's connection (its
-  descriptor, ``SCM_RIGHTS``) and request go to it, and it goes on as a child forked on demand does. It
-  answers on the connection only once it has the whole request, and exits (having started nothing) when
-  its channel closes; when it cannot take a request the server forks on demand.
+  files are set to what a directly spawned supervisor would have: see :func:`.forkchild.prepare`.
+* The fork is off the launch path, and so is the server: after each request (and once at start) the
+  server forks a *spare* that leaves the server at once and accepts the next connection on the server's
+  socket itself (the server does not while it has a spare), tells the server on a channel of its own, and
+  goes on as a child forked on demand does; the server forks the next spare meanwhile. The spare exits
+  (having started nothing) when its channel closes; when there is none, the server forks on demand.
 
 Standard library only: the server imports nothing of Airflow.
 """
@@ -48,11 +51,12 @@ import socket
 import struct
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_provider.backends.local import common
+from gpu_provider.backends.local import common, forkchild
+from gpu_provider.backends.local.forkchild import RLIMITS, SIGNALS
 from gpu_provider.backends.local.frames import peer_uid, recv, send
 
 #: the modules a fork server has imported when it serves (their source is in its name's hash)
@@ -64,6 +68,7 @@ SERVED_MODULES = (
     "backends/local/gpus.py",
     "backends/local/supervisor.py",
     "backends/local/forkserver.py",
+    "backends/local/forkchild.py",
     "backends/local/frames.py",
 )
 #: what ``python -m`` runs for the server
@@ -72,28 +77,11 @@ SERVER_MODULE = "gpu_provider.backends.local.forkserver"
 FOLDER = "forkserver"
 #: how long either end waits for the other within one request
 IO_TIMEOUT_S = 5.0
-#: how long a forked child waits for the job's environment after sending its pid (then it starts nothing)
-_SECRETS_TIMEOUT_S = 60.0
 #: how often the server looks at its socket file and its idle time
 _TICK_S = 1.0
-#: resource limits a job's supervisor inherits from the worker, set in the forked child the same
-_RLIMITS = tuple(
-    getattr(resource, n)
-    for n in (
-        "RLIMIT_AS",
-        "RLIMIT_CORE",
-        "RLIMIT_CPU",
-        "RLIMIT_DATA",
-        "RLIMIT_FSIZE",
-        "RLIMIT_MEMLOCK",
-        "RLIMIT_NOFILE",
-        "RLIMIT_NPROC",
-        "RLIMIT_STACK",
-    )
-    if hasattr(resource, n)
-)
-#: every signal a disposition can be set for (``valid_signals()`` builds a set of enum members per call)
-_SIGNALS = tuple(sorted(int(s) for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)))
+#: how long after a spare took a launch the server forks the next one (a launch arriving before gets it at once):
+#: the fork (about 1 ms of CPU, more on a loaded machine) would otherwise compete with the launch for the cores
+SPARE_AFTER_S = 0.05
 
 
 class Refused(Exception):
@@ -176,7 +164,7 @@ def caller_context() -> dict[str, Any]:
     mask = os.umask(0o077)
     os.umask(mask)
     ignored = []
-    for sig in _SIGNALS:
+    for sig in SIGNALS:
         if sig in (signal.SIGPIPE, signal.SIGXFSZ):
             continue  # set by every Python interpreter at start (and so by the spawned supervisor's)
         try:
@@ -186,61 +174,88 @@ def caller_context() -> dict[str, Any]:
             pass
     return {
         "umask": mask,
-        "rlimits": {str(int(r)): list(resource.getrlimit(r)) for r in _RLIMITS},
+        "rlimits": {str(int(r)): list(resource.getrlimit(r)) for r in RLIMITS},
         "ignored_signals": ignored,
     }
 
 
-def request_start(
-    address: str,
-    *,
-    code_hash: str,
-    job_dir: Path,
-    env: Mapping[str, str],
-    on_pid: Callable[[int, int | None], None],
-    secrets_payload: Mapping[str, Any],
-) -> int:
-    """Ask the server at ``address`` for a supervisor of ``job_dir``; its pid once it has the environment.
+class Asked:
+    """A supervisor asked of the server at ``address`` for ``job_dir``, which may not exist yet: the child gets
+    ready meanwhile (see :mod:`~gpu_provider.backends.local.forkchild`), and starts nothing before :meth:`finish`
+    sends it the job's environment. :meth:`abandon` (or a worker that dies) leaves it to exit having started
+    nothing.
 
-    ``on_pid(pid, pid_start)`` is called (to record the supervisor) before the job's environment is
-    sent: the child starts nothing before it has it.
-
-    :raises Refused: nothing was started (connect refused, the server said no, the reply never came,
-        ``on_pid`` failed, the environment could not be sent); the caller may start the supervisor itself
+    :raises Refused: nothing can be asked there (no server: ``absent``; another user's; the request not sent)
     """
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid: int | None = None
-    pid_start: int | None = None
+
+    def __init__(self, address: str, *, code_hash: str, job_dir: Path, env: Mapping[str, str]) -> None:
+        self.address = address
+        self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.conn.settimeout(IO_TIMEOUT_S)
+            try:
+                self.conn.connect(address)
+            except (FileNotFoundError, ConnectionRefusedError) as err:
+                raise Refused(f"no fork server at {address}: {err}", absent=True) from err
+            except OSError as err:
+                raise Refused(f"could not reach the fork server at {address}: {err}") from err
+            try:
+                if peer_uid(self.conn) != os.geteuid():
+                    raise Refused(f"the fork server at {address} runs as another user")
+                send(self.conn, {"hash": code_hash, "job_dir": str(job_dir), "env": dict(env), **caller_context()})
+            except (OSError, ValueError, struct.error) as err:
+                raise Refused(f"could not ask the fork server at {address}: {err}") from err
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def finish(self, secrets_payload: Mapping[str, Any]) -> int:
+        """Hand the child the job's environment (call it once the job's folder is written); the pid it recorded
+        in ``supervisor.json`` once it says it started the job.
+
+        :raises Refused: the child did not say it started: it refused (nothing started), its environment could not
+            be sent (it starts nothing without it), or no word came in time (a timeout, an end); the caller
+            starts a supervisor itself only where ``supervisor.json`` records none, under its lock
+        """
+        conn, address = self.conn, self.address
+        try:
+            ready, _, _ = select.select([conn], [], [], 0)
+            if ready:  # a word before the environment is a refusal: it gets no environment
+                raise Refused(f"the fork server at {address} refused: {_words(conn)}")
+            try:
+                send(conn, secrets_payload)
+                conn.shutdown(socket.SHUT_WR)
+            except (OSError, ValueError) as err:
+                raise Refused(f"could not hand the job's environment to the fork server's child: {err}") from err
+            try:
+                reply = recv(conn)
+            except (OSError, EOFError, ValueError, struct.error) as err:
+                raise Refused(f"no word from the fork server's child at {address}: {err}") from err
+            if not reply.get("started"):
+                raise Refused(f"the fork server's child did not start the job: {reply.get('refused', reply)}")
+            return int(reply["pid"])
+        finally:
+            conn.close()
+
+    def abandon(self) -> None:
+        """Withdraw the request: the child reads EOF and exits, having started nothing."""
+        self.conn.close()
+
+
+def _words(conn: socket.socket) -> str:
+    """What the other end said (a refusal), or why it said nothing readable."""
     try:
-        conn.settimeout(IO_TIMEOUT_S)
-        try:
-            conn.connect(address)
-        except (FileNotFoundError, ConnectionRefusedError) as err:
-            raise Refused(f"no fork server at {address}: {err}", absent=True) from err
-        except OSError as err:
-            raise Refused(f"could not reach the fork server at {address}: {err}") from err
-        try:
-            if peer_uid(conn) != os.geteuid():
-                raise Refused(f"the fork server at {address} runs as another user")
-            send(conn, {"hash": code_hash, "job_dir": str(job_dir), "env": dict(env), **caller_context()})
-            reply = recv(conn)
-        except (OSError, EOFError, ValueError, struct.error) as err:
-            raise Refused(f"no answer from the fork server at {address}: {err}") from err
-        if "pid" not in reply:
-            raise Refused(f"the fork server at {address} refused: {reply.get('refused', reply)}")
-        pid = int(reply["pid"])
-        pid_start = reply.get("pid_start")
-        try:
-            on_pid(pid, pid_start)
-            send(conn, secrets_payload)
-            conn.shutdown(socket.SHUT_WR)
-        except (OSError, ValueError) as err:
-            # the child has not got its whole environment: it exits without starting anything; make sure
-            common.signal_group(pid, pid_start, signal.SIGKILL)
-            raise Refused(f"could not hand the job's environment to the forked supervisor {pid}: {err}") from err
-        return pid
-    finally:
-        conn.close()
+        reply = recv(conn)
+    except (OSError, EOFError, ValueError, struct.error) as err:
+        return f"no answer ({err})"
+    return str(reply.get("refused", reply))
+
+
+def request_start(
+    address: str, *, code_hash: str, job_dir: Path, env: Mapping[str, str], secrets_payload: Mapping[str, Any]
+) -> int:
+    """:class:`Asked` and its :meth:`~Asked.finish` at once, for a ``job_dir`` that exists already."""
+    return Asked(address, code_hash=code_hash, job_dir=job_dir, env=env).finish(secrets_payload)
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -284,6 +299,7 @@ class Server:
         self.listener.bind(socket_address(self.folder, self.name, self.folder_fd))
         os.chmod(f"{self.name}.sock", 0o600, dir_fd=self.folder_fd)
         self.listener.listen(64)
+        self.listener.setblocking(False)  # the spare and the server accept on it after select: never block
         self.sock_ino = os.stat(f"{self.name}.sock", dir_fd=self.folder_fd, follow_symlinks=False).st_ino
         me = os.getpid()
         common.write_json_atomic(
@@ -312,31 +328,50 @@ class Server:
             signal.signal(sig, self._on_stop)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # wakes select: children are reaped at once
         last = time.monotonic()
+        spare_at: float | None = None  # when to fork the next spare (None: there is one, or forks failed)
         try:
             self._fork_spare()
             while True:
                 _reap()
-                idle = time.monotonic() - last
+                now = time.monotonic()
+                idle = now - last
                 if idle >= self.idle_s:
                     self.why = self.why or f"idle for {idle:.0f}s"
                 elif not self.socket_is_mine():
                     self.why = self.why or "its socket is gone"
                 if self.stop or self.why:
                     return
-                listen_fd = self.listener.fileno()
-                ready, _, _ = select.select([listen_fd, self.wake_r], [], [], min(_TICK_S, self.idle_s - idle))
+                if self.spare is None and spare_at is not None and now >= spare_at:
+                    spare_at = None
+                    self._fork_spare()
+                # the spare accepts the next connection itself; the server only while it has none
+                watched = self.spare[1].fileno() if self.spare is not None else self.listener.fileno()
+                wait = min(_TICK_S, self.idle_s - idle, max(0.0, spare_at - now) if spare_at is not None else _TICK_S)
+                ready, _, _ = select.select([watched, self.wake_r], [], [], wait)
                 if self.wake_r in ready:
                     with contextlib.suppress(OSError):
                         os.read(self.wake_r, 4096)
-                if listen_fd in ready:
-                    try:
-                        conn, _ = self.listener.accept()
-                    except OSError:
+                if watched not in ready:
+                    continue
+                if self.spare is not None:
+                    # the next spare is forked once this launch had the cores to itself (a dead spare's at once)
+                    took = self._spare_took()
+                    last = time.monotonic() if took else last
+                    spare_at = last + SPARE_AFTER_S if took else time.monotonic()
+                    continue
+                if spare_at is not None:  # a launch before the next spare: fork it now, it takes the launch
+                    spare_at = None
+                    self._fork_spare()
+                    if self.spare is not None:
                         continue
-                    last = time.monotonic()
-                    with conn:
-                        self.handle(conn)
-                    self._fork_spare()  # after the answer: the next launch's fork is off its path
+                try:  # no spare could be forked: fork on demand
+                    conn, _ = self.listener.accept()
+                except OSError:
+                    continue
+                last = time.monotonic()
+                with conn:
+                    self.handle(conn)
+                spare_at = time.monotonic() + SPARE_AFTER_S
         finally:
             self.close()
 
@@ -365,8 +400,6 @@ class Server:
                 send(conn, {"refused": problem})
                 return
         except (OSError, EOFError, ValueError, struct.error):
-            return
-        if self._hand_to_spare(conn, request):
             return
         sys.stdout.flush()
         sys.stderr.flush()
@@ -401,9 +434,10 @@ class Server:
     # -- the spare: a child forked ahead of the next request, waiting for it
 
     def _fork_spare(self) -> None:
-        """Fork the next request's child now, while nobody waits: it leaves the server at once and waits on
-        a channel of its own for a connection and its request (then it is what :meth:`_child` is). It starts
-        nothing before that, and exits when the channel closes (this server exits or drops it)."""
+        """Fork the next request's child now, while nobody waits: it leaves the server at once and accepts the
+        next connection on the server's socket itself (then it is what :meth:`_child` is), telling the server
+        on a channel of its own. It starts nothing before that, and exits when the channel closes (this server
+        exits or drops it)."""
         if self.spare is not None or self.stop or self.why:
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -414,7 +448,7 @@ class Server:
         except OSError:
             ours.close()
             theirs.close()
-            return  # the next request forks on demand
+            return  # the server accepts the next connection and forks on demand
         if pid == 0:
             code = 1
             try:
@@ -430,129 +464,79 @@ class Server:
             self.spare[1].close()  # the spare reads EOF and exits, having started nothing
             self.spare = None
 
-    def _hand_to_spare(self, conn: socket.socket, request: Mapping[str, Any]) -> bool:
-        """Give ``conn`` and its request to the spare; ``False`` when it cannot take them (it died, or the
-        hand-over broke off): then the caller forks on demand, and the spare, which answers on ``conn`` only
-        once it has the whole request, reads EOF on its channel and exits having sent nothing."""
-        if self.spare is None:
-            return False
-        _pid, channel = self.spare
-        self.spare = None
+    def _spare_took(self) -> bool:
+        """The spare's news (its channel is readable): ``True`` when it took a connection, ``False`` when it
+        died. Either way it is no longer the spare."""
+        assert self.spare is not None
+        channel = self.spare[1]
         try:
             channel.settimeout(IO_TIMEOUT_S)
-            socket.send_fds(channel, [b"c"], [conn.fileno()])
-            send(channel, request)
-            return True
+            took = channel.recv(1) == b"t"
         except OSError:
-            return False
-        finally:
-            channel.close()
+            took = False
+        self._drop_spare()
+        return took
 
     def _spare(self, channel: socket.socket) -> int:
-        """In the spare: leave the server, then wait for the connection and its request."""
+        """In the spare: leave the server, then accept the next connection (or exit when the channel closes)."""
         try:
-            self._leave_server(channel)
+            self._leave_server(keep_listener=True)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)  # a signal to a waiting spare ends it (no server handler)
-            _, fds, _, _ = socket.recv_fds(channel, 1, 1)
-            if not fds:
-                return 0  # the server is gone or dropped this spare: nothing was asked
-            conn = socket.socket(fileno=fds[0])
-            request = recv(channel)
+            pid_start = common.process_start_time(os.getpid())  # read now, while nobody waits
+            forkchild.rehearse()
+            listener = self.listener
+            assert listener is not None
+            while True:
+                ready, _, _ = select.select([listener.fileno(), channel.fileno()], [], [])
+                if channel.fileno() in ready:
+                    return 0  # the server is gone or dropped this spare (EOF): nothing was asked
+                try:
+                    conn, _ = listener.accept()  # non-blocking: another process may have been quicker
+                except (BlockingIOError, InterruptedError):
+                    continue
+                break
+            listener.close()
+            self.listener = None
+            with contextlib.suppress(OSError):
+                channel.send(b"t")  # the server forks the next spare while this one serves
+            channel.close()
         except BaseException:
             return 0
-        channel.close()
         conn.settimeout(IO_TIMEOUT_S)
-        return self._serve(conn, request)
+        try:
+            if peer_uid(conn) != os.geteuid():
+                return 0  # another user: no answer at all
+            request = recv(conn)
+            problem = self.check(request)
+            if problem:
+                send(conn, {"refused": problem})
+                return 0
+        except (OSError, EOFError, ValueError, struct.error):
+            return 0
+        return forkchild.serve(conn, request, pid_start)
 
     def _child(self, conn: socket.socket, request: Mapping[str, Any]) -> int:
+        """In a child forked on demand (no spare): leave the server, then become the supervisor."""
         try:
-            self._leave_server(conn)
+            self._leave_server()
         except BaseException as err:  # nothing started: the worker spawns the supervisor itself
             with contextlib.suppress(BaseException):
                 send(conn, {"refused": f"the forked child could not set itself up: {type(err).__name__}: {err}"})
             return 1
-        return self._serve(conn, request)
+        return forkchild.serve(conn, request, None)
 
-    def _serve(self, conn: socket.socket, request: Mapping[str, Any]) -> int:
-        """In the forked child (on demand, or the spare): become the supervisor ``request`` asks for."""
-        try:
-            job_dir = Path(request["job_dir"])
-            _become_supervisor(job_dir, request, keep_fd=conn.fileno())
-            me = os.getpid()
-        except BaseException as err:  # nothing started: the worker spawns the supervisor itself
-            with contextlib.suppress(BaseException):
-                send(conn, {"refused": f"the forked child could not set itself up: {type(err).__name__}: {err}"})
-            return 1
-        try:
-            send(conn, {"pid": me, "pid_start": common.process_start_time(me)})
-            # the worker records this pid first; a worker that dies closes the connection (EOF at once)
-            conn.settimeout(_SECRETS_TIMEOUT_S)
-            secrets = recv(conn)
-        except BaseException:
-            return 0  # the worker did not hand over the job's environment: start nothing
-        conn.close()
-        from gpu_provider.backends.local.supervisor import run_job  # imported already by preload()
-
-        return run_job(job_dir, lambda: secrets)
-
-    def _leave_server(self, conn: socket.socket) -> None:
-        """In the forked child: drop the server's signal handlers, wake-up pipe, socket and lock."""
+    def _leave_server(self, *, keep_listener: bool = False) -> None:
+        """In the forked child: drop the server's signal handlers, wake-up pipe, lock and (unless kept, by a spare
+        until it accepts) socket, and lead a session of its own."""
         signal.set_wakeup_fd(-1)
-        if self.listener is not None:
+        if self.listener is not None and not keep_listener:
             self.listener.close()
             self.listener = None
         for fd in (self.wake_r, self.wake_w, self.lock_fd, self.folder_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
         os.setsid()  # like start_new_session=True: its own session and process group, led by itself
-
-
-def _become_supervisor(job_dir: Path, request: Mapping[str, Any], *, keep_fd: int) -> None:
-    """Make this forked process what ``python -S -m ...supervisor <job_dir>``, spawned by the worker, is.
-
-    Signal dispositions: default for every signal, but those the worker ignores (ignored across exec) and
-    what a new interpreter sets (SIGPIPE and SIGXFSZ ignored, SIGINT raising KeyboardInterrupt); the
-    supervisor then installs its SIGTERM and SIGINT handlers itself. Signal mask: the server blocks none.
-    """
-    ignored = {int(s) for s in request.get("ignored_signals") or ()}
-    for sig in _SIGNALS:
-        handler: Any = signal.SIG_IGN if sig in ignored else signal.SIG_DFL
-        if sig in (signal.SIGPIPE, signal.SIGXFSZ):
-            handler = signal.SIG_IGN
-        elif sig == signal.SIGINT and sig not in ignored:
-            handler = signal.default_int_handler
-        try:
-            if signal.getsignal(sig) != handler:  # most are at their default already: no system call
-                signal.signal(sig, handler)
-        except (OSError, ValueError, RuntimeError):
-            pass
-    os.umask(int(request["umask"]))
-    for key, (soft, hard) in (request.get("rlimits") or {}).items():
-        if resource.getrlimit(int(key)) != (soft, hard):
-            resource.setrlimit(int(key), (soft, hard))
-    # the worker's environment for the supervisor, as it would be spawned with it: only what differs is set
-    env = {str(k): str(v) for k, v in (request.get("env") or {}).items()}
-    for key in [k for k in os.environ if k not in env]:
-        del os.environ[key]
-    for key, value in env.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
-    os.chdir(job_dir)
-    # stdin: /dev/null (the spawned supervisor's pipe is pointed there once read); stdout and stderr:
-    # supervisor.log, appended to; every other descriptor of the server closed
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    log_flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-    log_fd = os.open(job_dir / common.SUPERVISOR_LOG_FILE, log_flags, 0o600)
-    os.dup2(devnull, 0)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    for fd in (devnull, log_fd):
-        if fd > 2 and fd != keep_fd:
-            os.close(fd)
-    os.closerange(3, keep_fd)
-    os.closerange(keep_fd + 1, max(keep_fd + 2, resource.getrlimit(resource.RLIMIT_NOFILE)[0]))
-    sys.argv = [sys.argv[0], str(job_dir)]
 
 
 def _reap() -> None:

@@ -122,30 +122,66 @@ def supervisor_env() -> dict[str, str]:
     return env
 
 
-def start_supervisor(job_dir: Path, secrets_payload: Mapping[str, Any], *, state_dir: Path | None = None) -> int:
-    """Start the job's supervisor, hand it the environment values, record its pid; return the pid.
+class SupervisorStart:
+    """Starting one job's supervisor in two steps: made before the job's folder is written (where a fork server
+    runs, it is asked now, and its child gets ready while the folder is written), then :meth:`start` once the
+    folder is there, or :meth:`abandon` when it is not to start (the attempt was adopted, the folder failed).
 
-    With ``state_dir`` and ``[gpu_provider] local_fork_server`` on, the fork server of ``state_dir`` forks
-    it (:mod:`~gpu_provider.backends.local.forkserver`); when there is none, or it refuses or does not
+    With ``state_dir`` and ``[gpu_provider] local_fork_server`` on, the fork server of ``state_dir`` forks the
+    supervisor (:mod:`~gpu_provider.backends.local.forkserver`); when there is none, or it refuses or does not
     answer, nothing was started there and the supervisor is spawned here, as a new interpreter.
-    A failure after the process started kills it (its whole session) before raising.
     """
-    env = supervisor_env()
-    start_server: Callable[[], None] | None = None
-    if state_dir is not None:
-        enabled, idle_s = fork_server_settings()
-        if enabled and sys.platform.startswith("linux"):  # peer credentials, /proc: Linux only
-            pid, start_server = _via_fork_server(state_dir, job_dir, env, secrets_payload, idle_s)
-            if pid is not None:
-                return pid
-    proc = _spawn_supervisor(job_dir, env, secrets_payload)
-    if start_server is not None:
-        start_server()  # after this job's supervisor: starting the server does not delay this launch
-    return proc.pid
+
+    def __init__(self, job_dir: Path, *, state_dir: Path | None = None) -> None:
+        self.job_dir = job_dir
+        self.env = supervisor_env()
+        self.asked: forkserver.Asked | None = None
+        self.start_server: Callable[[], None] | None = None
+        if state_dir is not None:
+            enabled, idle_s = fork_server_settings()
+            if enabled and sys.platform.startswith("linux"):  # peer credentials, /proc: Linux only
+                self.asked, self.start_server = _ask_fork_server(state_dir, job_dir, self.env, idle_s)
+
+    def start(self, secrets_payload: Mapping[str, Any]) -> int:
+        """Start the supervisor, hand it the environment values, record its pid; return the pid.
+
+        A failure after the process started kills it (its whole session) before raising.
+        """
+        asked, self.asked = self.asked, None
+        if asked is not None:
+            try:
+                return asked.finish(secrets_payload)  # the child recorded itself in supervisor.json
+            except forkserver.Refused as err:
+                log.debug("local fork server: %s; spawning the supervisor unless the child recorded itself", err)
+        with common.supervisor_record(self.job_dir / common.SUPERVISOR_FILE) as (recorded, record):
+            if recorded is not None:  # the fork server's child recorded itself before its word was lost
+                return int(recorded["pid"])
+            proc = _spawn_supervisor(self.job_dir, self.env, secrets_payload, record)
+        if self.start_server is not None:
+            self.start_server()  # after this job's supervisor: starting the server does not delay this launch
+        return proc.pid
+
+    def abandon(self) -> None:
+        """Withdraw a request to the fork server that :meth:`start` did not finish (its child starts nothing)."""
+        asked, self.asked = self.asked, None
+        if asked is not None:
+            asked.abandon()
+
+
+def start_supervisor(job_dir: Path, secrets_payload: Mapping[str, Any], *, state_dir: Path | None = None) -> int:
+    """:class:`SupervisorStart` and its :meth:`~SupervisorStart.start` at once, for a folder written already."""
+    starting = SupervisorStart(job_dir, state_dir=state_dir)
+    try:
+        return starting.start(secrets_payload)
+    finally:
+        starting.abandon()
 
 
 def _spawn_supervisor(
-    job_dir: Path, env: Mapping[str, str], secrets_payload: Mapping[str, Any]
+    job_dir: Path,
+    env: Mapping[str, str],
+    secrets_payload: Mapping[str, Any],
+    record: Callable[[int, int | None], None],
 ) -> subprocess.Popen[bytes]:
     with open(job_dir / common.SUPERVISOR_LOG_FILE, "ab") as sup_log:
         proc = subprocess.Popen(
@@ -159,12 +195,10 @@ def _spawn_supervisor(
             start_new_session=True,  # not in the worker's process group: a worker crash does not stop the job
         )
     try:
+        record(proc.pid, common.process_start_time(proc.pid))  # before it has its environment, as a forked one
         assert proc.stdin is not None
         with proc.stdin:
             proc.stdin.write(json.dumps(secrets_payload).encode("utf-8"))
-        common.overwrite_in_place(
-            job_dir / common.SUPERVISOR_FILE, {"pid": proc.pid, "pid_start": common.process_start_time(proc.pid)}
-        )
     except BaseException:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -191,10 +225,10 @@ def fork_server_settings() -> tuple[bool, float]:
     return read()
 
 
-def _via_fork_server(
-    state_dir: Path, job_dir: Path, env: Mapping[str, str], secrets_payload: Mapping[str, Any], idle_s: float
-) -> tuple[int | None, Callable[[], None] | None]:
-    """The supervisor's pid, forked by the fork server; ``None`` when it started nothing (then the caller
+def _ask_fork_server(
+    state_dir: Path, job_dir: Path, env: Mapping[str, str], idle_s: float
+) -> tuple[forkserver.Asked | None, Callable[[], None] | None]:
+    """A supervisor of ``job_dir`` asked of the fork server; ``None`` when it cannot be asked (then the caller
     spawns the supervisor). With it, when no server runs there: what starts one for the next launches."""
     try:
         code_hash = forkserver.source_hash()
@@ -206,20 +240,8 @@ def _via_fork_server(
     folder = state_dir / forkserver.FOLDER
     try:
         address = forkserver.socket_address(folder, name, folder_fd)
-
-        def record(pid: int, pid_start: int | None) -> None:
-            common.overwrite_in_place(job_dir / common.SUPERVISOR_FILE, {"pid": pid, "pid_start": pid_start})
-
         try:
-            pid = forkserver.request_start(
-                address,
-                code_hash=code_hash,
-                job_dir=job_dir,
-                env=env,
-                on_pid=record,
-                secrets_payload=secrets_payload,
-            )
-            return pid, None
+            return forkserver.Asked(address, code_hash=code_hash, job_dir=job_dir, env=env), None
         except forkserver.Refused as err:
             log.debug("local fork server: %s; spawning the supervisor", err)
             if err.absent:

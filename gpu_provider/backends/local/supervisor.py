@@ -138,7 +138,7 @@ class Supervisor:
     :param secrets: ``{"env": ..., "base_env": ...}`` received on stdin: the job's environment values
     """
 
-    def __init__(self, job_dir: Path, secrets: dict[str, Any]) -> None:
+    def __init__(self, job_dir: Path, secrets: dict[str, Any], *, pid_start: int | None = None) -> None:
         self.job_dir = job_dir
         request = common.read_json(job_dir / common.REQUEST_FILE)
         if request is None:
@@ -149,7 +149,7 @@ class Supervisor:
         self.job_id = str(request["job_id"])
         self.state_dir = Path(request["state_dir"])
         self.pid = os.getpid()
-        self.pid_start = common.process_start_time(self.pid)
+        self.pid_start = pid_start or common.process_start_time(self.pid)
         self.status: dict[str, Any] = common.read_json(job_dir / common.STATUS_FILE) or {}
         self.procs: list[subprocess.Popen[bytes]] = []
         self.pumps: list[threading.Thread] = []
@@ -550,13 +550,14 @@ def main(argv: list[str]) -> int:
     return run_job(Path(argv[1]), read_secrets)
 
 
-def run_job(job_dir: Path, secrets: Callable[[], dict[str, Any]]) -> int:
+def run_job(job_dir: Path, secrets: Callable[[], dict[str, Any]], *, pid_start: int | None = None) -> int:
     """Supervise the job of ``job_dir`` to its end; ``secrets()`` gives the job's environment values.
 
-    What the spawned supervisor (``main``) and one forked by the fork server both run.
+    What the spawned supervisor (``main``) and one forked by the fork server both run (``pid_start``: this
+    process's start time, when read already).
     """
     try:
-        supervisor = Supervisor(job_dir, secrets())
+        supervisor = Supervisor(job_dir, secrets(), pid_start=pid_start)
     except Exception as err:
         reason = f"local supervisor error: could not start: {type(err).__name__}: {err}"
         with contextlib.suppress(OSError):
