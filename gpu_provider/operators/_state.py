@@ -7,6 +7,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from gpu_provider.backends.base import JobState
+from gpu_provider.engine.attempts import reattached
 from gpu_provider.engine.places import recover_at_start
 from gpu_provider.names import STATE_KEY
 from gpu_provider.records import AttemptRecord, AttemptSummary, dump_records, load_records, load_summary
@@ -16,6 +18,17 @@ if TYPE_CHECKING:
     from pydantic import JsonValue
 
     from gpu_provider.backends.base import Backend, JobHandle, TaskKey
+
+
+def found_line(backend_name: str, record: AttemptRecord, stored: bool) -> str:
+    """What the task log says when a try's first step is an attempt an earlier try (or an earlier execution of
+    this one) left live or succeeded; ``stored``: its record was in the task state store (else the backend's
+    lookup found it)."""
+    how = "in the task state store" if stored else "by the backend's lookup"
+    then = f"it is {record.state.value}: watching it, not submitting a new one"
+    if record.state is JobState.SUCCEEDED:
+        then = "it already succeeded: returning its result"
+    return f"{reattached(backend_name, record, how)}; {then}"
 
 
 def stored_records(context: Context, log: Any) -> tuple[list[AttemptRecord], AttemptSummary | None]:

@@ -57,6 +57,7 @@ from gpu_provider.operators._plan import Plan, attempt_request
 from gpu_provider.operators._state import (
     attempts_at_start,
     describe_outlets,
+    found_line,
     latest_checkpoint,
     persist_records,
     publish_links,
@@ -306,19 +307,18 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         runner = self._runner(context, plan, found, summary)
         runner.cancel_duplicates({r.job_id for r in stored})
         step = runner.engine.resume()
-        if isinstance(step, (Wait, Succeed)):  # left by an earlier try (or an earlier execution of this one)
-            stored_ids = {r.job_id for r in stored}
-            how = "in the task state store" if step.record.job_id in stored_ids else "by the backend's lookup"
-            then = f"it is {step.record.state.value}: watching it, not submitting a new one"
-            if isinstance(step, Succeed):
-                then = "it already succeeded: returning its result"
-            self.log.info("%s; %s.", reattached(plan.backend.name, step.record, how), then)
+        self._adopt(context, plan, runner, step, {r.job_id for r in stored})
+        return self._run(context, plan, runner, step, self._deadline(context))
+
+    def _adopt(self, context: Context, plan: Plan, runner: AttemptRunner, step: Step, stored: set[str]) -> None:
+        """Say that the try's first step found an attempt live or succeeded (``stored``: the job ids the task
+        state store held), and take a live one over."""
+        if isinstance(step, (Wait, Succeed)):
+            self.log.info("%s.", found_line(plan.backend.name, step.record, step.record.job_id in stored))
         if isinstance(step, Wait):
-            self._handle = step.record.handle
-            self._backend = runner.backend_for(step.record)
+            self._handle, self._backend = step.record.handle, runner.backend_for(step.record)
             runner.take_over(step.record)
             self._log_link = publish_links(context, self._backend, step.record.handle, self._log_link)
-        return self._run(context, plan, runner, step, self._deadline(context))
 
     def execute_complete(
         self,
@@ -499,16 +499,12 @@ class GpuJobOperator(WithTemplateFilters, BaseOperator):
         runner = self._resumed_runner(context, plan, records)
         step: Step = runner.engine.resume()  # an attempt live or succeeded meanwhile wins over a new one
         runner.engine.note = ""  # said before the backoff
+        self._adopt(context, plan, runner, step, {r.job_id for r in load_records(records)})
         if isinstance(step, Submit):
             step = runner.engine.next_submit()  # the backoff is over: no second one
         if isinstance(step, Submit) and (attempt, capacity) != (step.attempt, step.capacity):
-            self.log.info(
-                "The records now call for attempt %d on %s (attempt %s on %s was planned before the backoff).",
-                step.attempt,
-                step.capacity,
-                attempt,
-                capacity,
-            )
+            planned = f"attempt {attempt} on {capacity} was planned before the backoff"
+            self.log.info("The records now call for attempt %d on %s (%s).", step.attempt, step.capacity, planned)
         return self._run(context, plan, runner, step, deadline)
 
     def _defer(self, plan: Plan, runner: AttemptRunner, record: AttemptRecord, deadline: float | None) -> NoReturn:

@@ -162,7 +162,10 @@ class Backend(ABC):
         refuses duplicate names (``capabilities.unique_names``) answers with the existing job, which
         the backend returns; on a service that allows them, the backend looks the name up first
         (and again before re-sending a submit whose answer was lost), so a retried call never
-        starts a second job of one attempt.
+        starts a second job of one attempt. A handle for a job that existed before this call is
+        returned marked with :meth:`JobHandle.as_adopted`: the operator then says in the task log
+        that it reattached (``Reattached to <backend> job <name> (started by try N; ...)``) instead
+        of reporting a new submission, and takes the mark off before it keeps the handle.
         """
 
     @abstractmethod

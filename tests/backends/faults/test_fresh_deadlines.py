@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,12 @@ from gpu_provider.testing.events import wire_event_queue
 from gpu_provider.triggers.gpu_job import GpuJobTrigger, SharedPoller
 from tests.backends.contract.worlds import LONG_JOB, poll_one, py, wait_state
 from tests.harness import wait_for
-from tests.operators.suite.worlds import (
-    OPERATOR_WORLDS,
+from tests.operators.suite.worlds import (  # noqa: F401 (operator_world: fixture "world")
     BatchOperatorWorld,
     KubernetesOperatorWorld,
     OperatorWorld,
     SageMakerOperatorWorld,
+    operator_world,
 )
 
 log = logging.getLogger("test-fresh-deadlines")
@@ -46,17 +46,6 @@ LABEL = "Airflow task d.t of run r"
 #: the queue timeout of the stale-status test: the job must be running (its event lost) well before it
 QUEUE_TIMEOUT_S = 12.0
 POLL_S = 0.3
-
-
-@pytest.fixture(params=list(OPERATOR_WORLDS))
-def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OperatorWorld]:
-    """The operator suite's worlds (they say what the service was asked to stop)."""
-    built = OPERATOR_WORLDS[request.param].create(request, tmp_path)
-    assert isinstance(built, OperatorWorld)
-    try:
-        yield built
-    finally:
-        built.cleanup()
 
 
 def events_on(world: OperatorWorld, monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[Callable[[], None], ...]:

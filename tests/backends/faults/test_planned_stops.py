@@ -36,7 +36,13 @@ from gpu_provider.operators._deferral import job_trigger
 from gpu_provider.operators._plan import Plan
 from gpu_provider.records import AttemptRecord
 from tests.backends.contract.worlds import poll_one, read_until, wait_ended, wait_state, wait_status
-from tests.operators.suite.worlds import OPERATOR_WORLDS, LocalOperatorWorld, OperatorWorld, strip_cancel_prefix
+from tests.operators.suite.worlds import (  # noqa: F401 (operator_world: fixture "world")
+    OPERATOR_WORLDS,
+    LocalOperatorWorld,
+    OperatorWorld,
+    operator_world,
+    strip_cancel_prefix,
+)
 
 POLL_S = 0.2
 LABEL = "Airflow task d.t of run r"
@@ -69,17 +75,6 @@ for i in range(3000):
 
 class Crash(BaseException):
     """The task process dies here: right after the records were saved, before anything else runs."""
-
-
-@pytest.fixture(params=list(OPERATOR_WORLDS))
-def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OperatorWorld]:
-    """One backend world of the operator suite (it can say which stops the service was asked for)."""
-    built = OPERATOR_WORLDS[request.param].create(request, tmp_path)
-    assert isinstance(built, OperatorWorld)
-    try:
-        yield built
-    finally:
-        built.cleanup()
 
 
 def _job(tmp_path: Path) -> tuple[str, ...]:
@@ -183,16 +178,24 @@ def _crash_at_the_restart_limit(world: OperatorWorld, handle: JobHandle) -> list
     return saved
 
 
+def _next_try_after_the_crash(
+    world: OperatorWorld, tmp_path: Path
+) -> tuple[JobHandle, list[list[dict[str, Any]]], AttemptRunner, AttemptRecord]:
+    """A job restarted once by its service, a try that died between writing its restart-limit stop and sending
+    it, and the next try built from what the first saved (the job, the saves, its runner and the record)."""
+    request, handle = _restarted(world, tmp_path)
+    saved = _crash_at_the_restart_limit(world, handle)
+    second = _new_try(world, RESTART_POLICY, request, saved)
+    (record,) = second.engine.records
+    assert second.restart_limit(record) == 1, "a stop never sent: the restart limit still holds for the new try"
+    return handle, saved, second, record
+
+
 @pytest.mark.parametrize("world", RESTARTING_WORLDS, indirect=True)
 def test_a_restart_limit_stop_planned_before_a_crash_is_sent_again_and_the_next_attempt_follows(
     world: OperatorWorld, tmp_path: Path
 ) -> None:
-    request, handle = _restarted(world, tmp_path)
-    saved = _crash_at_the_restart_limit(world, handle)
-
-    second = _new_try(world, RESTART_POLICY, request, saved)
-    (record,) = second.engine.records
-    assert second.restart_limit(record) == 1, "a stop never sent: the restart limit still holds for the new try"
+    handle, saved, second, record = _next_try_after_the_crash(world, tmp_path)
     trigger, _ = job_trigger(_plan(world), second, record, None, task_label=LABEL, spend=None)
     assert trigger.restart_limit == 1, "a trigger built from the record before the resend still fires the limit"
 
@@ -230,11 +233,7 @@ _REFUSE_STOPS = {
 def test_a_planned_stop_the_new_try_cannot_send_either_leaves_the_restart_limit_to_fire_again(
     world: OperatorWorld, tmp_path: Path
 ) -> None:
-    request, handle = _restarted(world, tmp_path)
-    saved = _crash_at_the_restart_limit(world, handle)
-    second = _new_try(world, RESTART_POLICY, request, saved)
-    (record,) = second.engine.records
-    assert second.restart_limit(record) == 1, "a stop never sent: the restart limit still holds for the new try"
+    handle, _saved, second, record = _next_try_after_the_crash(world, tmp_path)
     from gpu_provider.engine.planned_stops import resume_stop  # what the operator runs before each wait
 
     assert world.name in _REFUSE_STOPS, f"{world.name} world: add how its service refuses a stop"

@@ -9,17 +9,14 @@ message that says so. Evidence from the service's side (the emulators' request l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
-import pytest
+from collections.abc import Callable
 
 from gpu_provider.backends.base import JobHandle, JobState
 from tests.backends.contract.worlds import poll_one, py, wait_ended
 from tests.backends.faults.reads import break_reads
 from tests.harness import Harness, wait_for
 from tests.operators.suite.helpers import write_job_dag
-from tests.operators.suite.worlds import OPERATOR_WORLDS, OperatorWorld
+from tests.operators.suite.worlds import OperatorWorld, operator_world  # noqa: F401 (fixture "world")
 
 #: what each AWS world refuses: the status read, as for a role that lost the permission (the issue's reproduction)
 DENIED_READ = {"batch": "DescribeJobs", "sagemaker": "DescribeTrainingJob"}
@@ -34,17 +31,6 @@ def unreadable(world: OperatorWorld, handle: JobHandle) -> Callable[[], None]:
     emulator = world.emulator  # type: ignore[attr-defined]
     emulator.deny(action)
     return lambda: emulator.deny(action, on=False)
-
-
-@pytest.fixture(params=list(OPERATOR_WORLDS))
-def world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OperatorWorld]:
-    """The operator suite's worlds (a DAG file's backend, what the service was asked to stop)."""
-    built = OPERATOR_WORLDS[request.param].create(request, tmp_path)
-    assert isinstance(built, OperatorWorld)
-    try:
-        yield built
-    finally:
-        built.cleanup()
 
 
 def test_a_deferred_task_with_retries_0_that_gives_up_reading_stops_its_job(

@@ -65,8 +65,18 @@ def test_a_retry_adopting_a_succeeded_job_returns_its_declared_output(harness: H
         poll_interval=600,
         deferrable=False,
     )
-    worker, _, _ = harness.start(dag, dag_id)
-    wait_for(lambda: pids(pid_dir).get("1-0"), 120, f"the {world.name} job to start")
+    worker, _, worker_log = harness.start(dag, dag_id)
+
+    def started() -> int | None:
+        ran = pids(pid_dir)
+        # attempt 1 is the only one: another means the try saw attempt 1 end early, and the log says why
+        assert set(ran) <= {"1-0"}, f"attempts {sorted(ran)} ran, not attempt 1 alone"
+        return ran.get("1-0")
+
+    try:
+        wait_for(started, 120, f"the {world.name} job to start")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n--- the worker's log:\n{worker_log.read_text()[-6000:]}") from None
     wait_for(lambda: (out / "result.json").exists(), 120, "the job to finish its work")
     os.killpg(worker.pid, signal.SIGKILL)  # dies before its next poll (every 10 minutes) could see the end
     worker.wait(timeout=10)

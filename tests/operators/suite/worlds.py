@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import threading
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+
+import pytest
 
 from gpu_provider import names
 from gpu_provider.backends.base import Backend, JobHandle, JobState, JobStatus, TaskKey
@@ -387,3 +389,15 @@ OPERATOR_WORLDS: dict[str, type[OperatorWorld]] = {
     "kubernetes": KubernetesOperatorWorld,
     "sagemaker": SageMakerOperatorWorld,
 }
+
+
+@pytest.fixture(name="world", params=list(OPERATOR_WORLDS))
+def operator_world(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OperatorWorld]:
+    """Fixture ``world``: one backend and its emulator for an operator test (it says what the service was asked
+    to create and stop); whatever the test left running is stopped after it. Import it where it is used."""
+    built = OPERATOR_WORLDS[request.param].create(request, tmp_path)
+    assert isinstance(built, OperatorWorld)
+    try:
+        yield built
+    finally:
+        built.cleanup()
