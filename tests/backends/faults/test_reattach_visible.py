@@ -17,11 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.harness import Harness, pid_alive, wait_for
-from tests.operators.suite.conftest import world
 from tests.operators.suite.helpers import pids, write_job_dag
-from tests.operators.suite.worlds import OPERATOR_WORLDS, OperatorWorld, SageMakerOperatorWorld
+from tests.operators.suite.worlds import (
+    OPERATOR_WORLDS,
+    OperatorWorld,
+    SageMakerOperatorWorld,
+    operator_world,
+)
 
-__all__ = ["world"]
+__all__ = ["operator_world"]  # fixture "world"
 
 #: the words of a run's log once it took a job over or submitted one, and (the run defers) once it deferred
 DECIDED = ("Reattached to", "Submitted ", "Pausing task as DEFERRED")

@@ -9,6 +9,7 @@ message that says so. Evidence from the service's side (the emulators' request l
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 
 from gpu_provider.backends.base import JobHandle, JobState
@@ -50,7 +51,10 @@ def test_a_deferred_task_with_retries_0_that_gives_up_reading_stops_its_job(
     try:
         handle = wait_for(running, 120, "the task's job to run")
         restore = unreadable(world, handle)  # every status read of the job fails from now on
-        run = harness.finish(*worker, timeout=180)
+        try:
+            run = harness.finish(*worker, timeout=180)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the run did not end in 180 s; its log:\n{worker[2].read_text()[-8000:]}") from None
     finally:
         release.touch()
     assert run.task()["state"] == "failed", run.log[-4000:]
